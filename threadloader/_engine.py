@@ -1,0 +1,524 @@
+"""The thread engine: worker threads, the work they share, and the iterator.
+
+The consumer (the thread iterating the loader) drives everything, exactly as
+DataLoader's main process does: it pulls indices from the sampler, hands tasks
+to the workers, keeps at most ``prefetch_factor * num_workers`` tasks in
+flight, and releases results in sampler order (or as ready with
+``in_order=False``). Because sampler iteration stays on the consumer thread,
+samplers need not be thread-safe and the global RNG is consumed exactly as
+DataLoader consumes it.
+
+Map-style datasets are fetched per *sample*: a batch is split into units that
+any worker may take, and the worker that completes a batch's last unit collates
+it. One slow sample therefore does not stall a whole worker's batch. A dataset
+with ``__getitems__`` gets one call per batch (torch's semantics). An
+IterableDataset gets one replica iterator per worker and the round-robin task
+assignment DataLoader uses, so the batch sequence is the same.
+
+All state the threads touch lives in :class:`_Shared`, guarded by one lock.
+The threads never reference the iterator object, so dropping the iterator
+(``del``, garbage collection) runs its finalizer, which stops and joins them.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from . import _context, worker
+from ._torch_compat import (
+    BaseDataLoaderIter,
+    DatasetKind,
+    ExceptionWrapper,
+    create_fetcher,
+    pin_memory,
+    warn_iterable_length,
+)
+from .stats import LoaderStats, WorkerCounters
+
+#: How long shutdown waits, in total, for threads to finish the user call they
+#: are in. A thread stuck in user code is left to finish on its own (it is a
+#: daemon and exits at its next check); we never wait on it for long.
+JOIN_BUDGET_S = 1.0
+
+#: A worker takes several units per lock round-trip when samples are cheap;
+#: this is the work (seconds) it aims to take at once.
+_CHUNK_TARGET_S = 200e-6
+_MAX_CHUNK = 64
+
+
+@dataclass
+class _Config:
+    """What every worker thread needs; read-only once threads start."""
+
+    dataset: Any
+    kind: int
+    auto_collation: bool
+    collate_fn: Callable
+    drop_last: bool
+    base_seed: int
+    init_fn: Callable | None
+    num_workers: int
+    pin: bool
+    pin_device: str | None
+    device_index: int | None
+
+
+class _Batch:
+    """One task of a map-style dataset, filled unit by unit."""
+
+    __slots__ = ("idx", "gen", "index", "slots", "remaining", "error", "whole")
+
+    def __init__(self, idx: int, gen: int, index: Any, n_units: int, whole: bool) -> None:
+        self.idx = idx
+        self.gen = gen
+        self.index = index  # the sampler's index (a list when auto-collating)
+        self.slots: list[Any] = [None] * n_units
+        self.remaining = n_units
+        self.error: ExceptionWrapper | None = None
+        self.whole = whole  # one unit for the whole batch (__getitems__ / no batching)
+
+
+@dataclass(frozen=True)
+class _WorkerStopped:
+    """An IterableDataset replica is exhausted (DataLoader's stop marker)."""
+
+    worker_id: int
+
+
+@dataclass
+class _Shared:
+    """State shared by the consumer and the worker threads, under ``lock``."""
+
+    num_workers: int
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    units: collections.deque = field(default_factory=collections.deque)
+    results: dict = field(default_factory=dict)
+    stops: collections.deque = field(default_factory=collections.deque)
+    generation: int = 0
+    stopping: bool = False
+    dead: tuple | None = None
+
+    def __post_init__(self) -> None:
+        # Workers of map-style datasets share one queue and one condition;
+        # IterableDataset workers each have their own (tasks are assigned).
+        self.work_ready = threading.Condition(self.lock)
+        self.result_ready = threading.Condition(self.lock)
+        self.jobs = [collections.deque() for _ in range(self.num_workers)]
+        self.job_ready = [threading.Condition(self.lock) for _ in range(self.num_workers)]
+        self.counters = [WorkerCounters() for _ in range(self.num_workers)]
+
+    def post(self, gen: int, idx: int, worker_id: int, payload: Any) -> None:
+        with self.lock:
+            if gen == self.generation:  # results of an abandoned epoch are dropped
+                self.results[idx] = (worker_id, payload)
+                self.result_ready.notify()
+
+
+_NOTHING = object()
+
+
+def _where(worker_id: int, what: str) -> str:
+    return f"in DataLoader worker thread {worker_id} ({what})"
+
+
+# --- worker side -----------------------------------------------------------------
+
+def _worker_main(shared: _Shared, cfg: _Config, worker_id: int) -> None:
+    """Body of one worker thread: set up worker info, init, then serve tasks."""
+    try:
+        if cfg.pin and cfg.device_index is not None:
+            torch.accelerator.set_device_index(cfg.device_index)
+        worker.enter_worker(worker_id, cfg.num_workers, cfg.base_seed, cfg.dataset)
+        init_error = None
+        try:
+            if cfg.init_fn is not None:
+                cfg.init_fn(worker_id)
+        except Exception:
+            init_error = ExceptionWrapper(where=_where(worker_id, "worker_init_fn"))
+        if cfg.kind == DatasetKind.Iterable:
+            _serve_iterable(shared, cfg, worker_id, init_error)
+        else:
+            _serve_map(shared, cfg, worker_id, init_error)
+    except BaseException as exc:  # noqa: BLE001 - reported to the consumer, never lost
+        with shared.lock:
+            if not shared.stopping:
+                shared.dead = (worker_id, exc)
+            shared.result_ready.notify_all()
+    finally:
+        worker.leave_worker()
+
+
+def _finish(shared: _Shared, cfg: _Config, worker_id: int, data: Any, counters: WorkerCounters) -> Any:
+    """Collate (when batching) and pin one task's data in this worker."""
+    t0 = time.perf_counter()
+    with _context.collating(cfg.pin, cfg.pin_device):
+        data = cfg.collate_fn(data)
+    t1 = time.perf_counter()
+    counters.collate_s += t1 - t0
+    if cfg.pin:
+        data = pin_memory(data, cfg.pin_device)
+        counters.pin_s += time.perf_counter() - t1
+    return data
+
+
+def _serve_map(shared: _Shared, cfg: _Config, worker_id: int, init_error: ExceptionWrapper | None) -> None:
+    dataset = cfg.dataset
+    counters = shared.counters[worker_id]
+    per_unit_s = _CHUNK_TARGET_S  # running estimate of one unit's fetch time
+    while True:
+        with shared.lock:
+            while not shared.units and not shared.stopping:
+                counters.busy = False
+                shared.work_ready.wait()
+            if shared.stopping:
+                return
+            counters.busy = True
+            take = max(1, min(len(shared.units), _MAX_CHUNK, int(_CHUNK_TARGET_S / per_unit_s)))
+            work = [shared.units.popleft() for _ in range(take)]
+            if shared.units:  # more left: let an idle worker share it
+                shared.work_ready.notify()
+        done: list[tuple[_Batch, int, Any]] = []
+        t0 = time.perf_counter()
+        for batch, pos in work:
+            if batch.error is not None or batch.gen != shared.generation:
+                done.append((batch, pos, None))
+                continue
+            if init_error is not None:
+                done.append((batch, pos, init_error))
+                continue
+            if pos < 0:
+                done.append((batch, pos, _NOTHING))
+                continue
+            try:
+                if batch.whole and cfg.auto_collation:
+                    value = dataset.__getitems__(batch.index)
+                elif batch.whole:
+                    value = dataset[batch.index]
+                else:
+                    value = dataset[batch.index[pos]]
+            except Exception:
+                what = "__getitems__" if batch.whole and cfg.auto_collation else (
+                    f"dataset index {batch.index if batch.whole else batch.index[pos]!r}")
+                value = ExceptionWrapper(where=_where(worker_id, what))
+            done.append((batch, pos, value))
+        elapsed = time.perf_counter() - t0
+        counters.fetch_s += elapsed
+        counters.items += len(work)
+        per_unit_s = 0.7 * per_unit_s + 0.3 * max(elapsed / len(work), 1e-7)
+        completed = []
+        with shared.lock:
+            for batch, pos, value in done:
+                if isinstance(value, ExceptionWrapper):
+                    if batch.error is None:
+                        batch.error = value
+                elif pos >= 0:
+                    batch.slots[pos] = value
+                batch.remaining -= 1
+                if batch.remaining == 0:
+                    completed.append(batch)
+        for batch in completed:
+            payload: Any = batch.error
+            if payload is None:
+                data = batch.slots if cfg.auto_collation and not batch.whole else batch.slots[0]
+                try:
+                    payload = _finish(shared, cfg, worker_id, data, counters)
+                except Exception:
+                    payload = ExceptionWrapper(where=_where(worker_id, "collate_fn"))
+            batch.slots = []  # drop sample references early
+            shared.post(batch.gen, batch.idx, worker_id, payload)
+            counters.tasks += 1
+
+
+def _serve_iterable(shared: _Shared, cfg: _Config, worker_id: int, init_error: ExceptionWrapper | None) -> None:
+    counters = shared.counters[worker_id]
+    jobs, ready = shared.jobs[worker_id], shared.job_ready[worker_id]
+    fetcher = None
+    fetcher_gen = -1
+    ended = False
+
+    def collate(data: Any) -> Any:
+        t0 = time.perf_counter()
+        out = _finish(shared, cfg, worker_id, data, counters)
+        counters.fetch_s -= time.perf_counter() - t0  # counted as collate, not fetch
+        return out
+
+    while True:
+        with shared.lock:
+            while not jobs and not shared.stopping:
+                counters.busy = False
+                ready.wait()
+            if shared.stopping:
+                return
+            counters.busy = True
+            idx, gen, index = jobs.popleft()
+        payload: Any
+        if init_error is not None:
+            shared.post(gen, idx, worker_id, init_error)
+            continue
+        if gen != fetcher_gen:
+            # A new epoch (persistent workers): a fresh replica iterator, as
+            # DataLoader's workers make on _ResumeIteration.
+            fetcher_gen, ended, fetcher = gen, False, None
+            try:
+                fetcher = create_fetcher(cfg.kind, cfg.dataset, cfg.auto_collation, collate, cfg.drop_last)
+            except Exception:
+                init_error = ExceptionWrapper(where=_where(worker_id, "IterableDataset.__iter__"))
+                shared.post(gen, idx, worker_id, init_error)
+                continue
+        if ended:
+            continue  # DataLoader's exhausted workers ignore further tasks
+        t0 = time.perf_counter()
+        try:
+            payload = fetcher.fetch(index)
+        except StopIteration:
+            ended = True
+            with shared.lock:
+                if gen == shared.generation:
+                    shared.stops.append((idx, worker_id))
+                    shared.result_ready.notify()
+            continue
+        except Exception:
+            payload = ExceptionWrapper(where=_where(worker_id, "IterableDataset"))
+        counters.fetch_s += time.perf_counter() - t0
+        counters.items += len(index) if cfg.auto_collation else 1
+        counters.tasks += 1
+        shared.post(gen, idx, worker_id, payload)
+
+
+def _stop_threads(shared: _Shared, threads: list[threading.Thread]) -> None:
+    """Tell every worker to stop, then join them within :data:`JOIN_BUDGET_S`."""
+    with shared.lock:
+        shared.stopping = True
+        shared.units.clear()
+        shared.results.clear()
+        shared.work_ready.notify_all()
+        for cond in shared.job_ready:
+            cond.notify_all()
+        shared.result_ready.notify_all()
+    deadline = time.monotonic() + JOIN_BUDGET_S
+    current = threading.current_thread()
+    for thread in threads:
+        if thread is not current:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+
+
+# --- consumer side ---------------------------------------------------------------
+
+_MISSING = object()
+
+
+class ThreadedLoaderIter(BaseDataLoaderIter):
+    """DataLoader's iterator protocol, served by worker threads."""
+
+    def __init__(self, loader: Any) -> None:
+        super().__init__(loader)
+        self._prefetch_factor = loader.prefetch_factor
+        self._in_order = loader.in_order
+        if self._num_workers <= 0:
+            raise AssertionError("num_workers must be greater than 0 for ThreadedLoaderIter")
+        if self._prefetch_factor <= 0:
+            raise AssertionError("prefetch_factor must be greater than 0 for ThreadedLoaderIter")
+        self._is_iterable = self._dataset_kind == DatasetKind.Iterable
+        self._stats = LoaderStats()
+        device_index = None
+        if self._pin_memory and torch.accelerator.is_available():
+            device_index = torch.accelerator.current_device_index()
+        cfg = _Config(
+            dataset=self._dataset,
+            kind=self._dataset_kind,
+            auto_collation=self._auto_collation,
+            collate_fn=self._collate_fn,
+            drop_last=self._drop_last,
+            base_seed=self._base_seed,
+            init_fn=loader.worker_init_fn,
+            num_workers=self._num_workers,
+            pin=self._pin_memory,
+            pin_device=self._pin_memory_device,
+            device_index=device_index,
+        )
+        self._shared = shared = _Shared(self._num_workers)
+        self._threads = [
+            threading.Thread(target=_worker_main, args=(shared, cfg, i), name=f"threadloader-worker-{i}", daemon=True)
+            for i in range(self._num_workers)
+        ]
+        # Runs on del / garbage collection of this iterator, on explicit
+        # shutdown, and at interpreter exit (weakref.finalize's atexit hook).
+        self._finalizer = weakref.finalize(self, _stop_threads, shared, self._threads)
+        self._stats.bind(shared.counters, self._num_workers)
+        for thread in self._threads:
+            thread.start()
+        self._reset(loader, first_iter=True)
+
+    def __next__(self) -> Any:
+        # DataLoader wraps every step in a profiler record_function, even when
+        # no profiler runs. Its exit op releases the GIL, and with busy worker
+        # threads the consumer then waits for the GIL on every item. Keep the
+        # profiler range when a profiler is active; skip it otherwise.
+        if torch.autograd._profiler_enabled():
+            return super().__next__()
+        if self._sampler_iter is None:
+            self._reset()  # type: ignore[call-arg]  # as torch does
+        data = self._next_data()
+        self._num_yielded += 1
+        if (
+            self._IterableDataset_len_called is not None
+            and self._dataset_kind == DatasetKind.Iterable
+            and self._num_yielded > self._IterableDataset_len_called
+        ):
+            warn_iterable_length(self._dataset, self._IterableDataset_len_called, self._num_yielded, self._num_workers)
+        return data
+
+    # DataLoader's protocol -----------------------------------------------------
+    def _reset(self, loader: Any, first_iter: bool = False) -> None:
+        super()._reset(loader, first_iter)
+        self._send_idx = 0
+        self._rcvd_idx = 0
+        self._task_info: dict[int, int] = {}  # task -> assigned worker (-1: any)
+        self._task_items: dict[int, int] = {}  # task -> number of samples asked for
+        self._tasks_outstanding = 0
+        self._workers_status = [True] * self._num_workers
+        self._workers_num_tasks = [0] * self._num_workers
+        self._worker_queue_idx_cycle = itertools.cycle(range(self._num_workers))
+        if not first_iter:
+            shared = self._shared
+            with shared.lock:
+                shared.generation += 1
+                shared.units.clear()
+                shared.results.clear()
+                shared.stops.clear()
+                for jobs in shared.jobs:
+                    jobs.clear()
+            self._stats.new_epoch()
+        for _ in range(self._prefetch_factor * self._num_workers):
+            self._try_put_index()
+
+    def _try_put_index(self) -> None:
+        max_tasks = self._prefetch_factor * self._num_workers
+        if self._tasks_outstanding >= max_tasks:
+            raise AssertionError("Number of outstanding tasks exceeded maximum allowed tasks")
+        try:
+            index = self._next_index()
+        except StopIteration:
+            return
+        shared = self._shared
+        idx = self._send_idx
+        if self._is_iterable:
+            for _ in range(self._num_workers):  # the next active worker, as DataLoader picks it
+                worker_id = next(self._worker_queue_idx_cycle)
+                if self._workers_status[worker_id]:
+                    if self._in_order or self._workers_num_tasks[worker_id] < max_tasks // sum(self._workers_status):
+                        break
+            else:
+                return
+            with shared.lock:
+                shared.jobs[worker_id].append((idx, shared.generation, index))
+                shared.job_ready[worker_id].notify()
+            self._workers_num_tasks[worker_id] += 1
+        else:
+            worker_id = -1
+            whole = not self._auto_collation or bool(getattr(self._dataset, "__getitems__", None))
+            n_units = 1 if whole else len(index)
+            with shared.lock:
+                batch = _Batch(idx, shared.generation, index, n_units, whole)
+                if n_units == 0:
+                    # An empty index list still goes through collate_fn, as in
+                    # DataLoader (whose default_collate then raises).
+                    batch.remaining = 1
+                    shared.units.append((batch, -1))
+                else:
+                    shared.units.extend((batch, pos) for pos in range(n_units))
+                shared.work_ready.notify()
+        self._task_info[idx] = worker_id
+        self._task_items[idx] = len(index) if self._auto_collation and hasattr(index, "__len__") else 1
+        self._tasks_outstanding += 1
+        self._send_idx += 1
+
+    def _next_data(self) -> Any:
+        while True:
+            while self._rcvd_idx < self._send_idx:
+                worker_id = self._task_info.get(self._rcvd_idx, _MISSING)
+                if worker_id is not _MISSING:
+                    if worker_id < 0 or self._workers_status[worker_id] or self._has_result(self._rcvd_idx):
+                        break
+                    del self._task_info[self._rcvd_idx]
+                    self._task_items.pop(self._rcvd_idx, None)
+                self._rcvd_idx += 1
+            else:
+                if not self._persistent_workers:
+                    self._shutdown_workers()
+                raise StopIteration
+            kind, idx, worker_id, payload = self._wait_for_result()
+            self._tasks_outstanding -= 1
+            if kind == "stop":
+                self._workers_status[worker_id] = False
+                self._try_put_index()
+                continue
+            del self._task_info[idx]
+            items = self._task_items.pop(idx, 1)
+            if idx == self._rcvd_idx:
+                self._rcvd_idx += 1
+            if worker_id >= 0:
+                self._workers_num_tasks[worker_id] -= 1
+            self._try_put_index()
+            if isinstance(payload, ExceptionWrapper):
+                payload.reraise()
+            self._stats.delivered(items)
+            return payload
+
+    # helpers ----------------------------------------------------------------------
+    def _has_result(self, idx: int) -> bool:
+        with self._shared.lock:
+            return idx in self._shared.results
+
+    def _wait_for_result(self) -> tuple[str, int, int, Any]:
+        shared = self._shared
+        timeout = self._timeout if self._timeout > 0 else None
+        deadline = None if timeout is None else time.monotonic() + timeout
+        t0 = time.perf_counter()
+        try:
+            with shared.lock:
+                while True:
+                    if shared.dead is not None:
+                        worker_id, exc = shared.dead
+                        raise RuntimeError(
+                            f"DataLoader worker (thread {worker_id}) exited unexpectedly: {exc!r}") from exc
+                    if shared.stops:
+                        idx, worker_id = shared.stops.popleft()
+                        return "stop", idx, worker_id, None
+                    if self._in_order:
+                        if self._rcvd_idx in shared.results:
+                            return ("data", self._rcvd_idx, *shared.results.pop(self._rcvd_idx))
+                    elif shared.results:
+                        idx = next(iter(shared.results))  # arrival order, as a queue gives
+                        return ("data", idx, *shared.results.pop(idx))
+                    if deadline is None:
+                        shared.result_ready.wait()
+                    else:
+                        remaining = deadline - time.monotonic()
+                        if remaining <= 0 or not shared.result_ready.wait(remaining):
+                            if not self._ready_now():
+                                raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds")
+        finally:
+            self._stats.waited(time.perf_counter() - t0)
+
+    def _ready_now(self) -> bool:
+        shared = self._shared
+        if shared.dead is not None or shared.stops:
+            return True
+        return (self._rcvd_idx in shared.results) if self._in_order else bool(shared.results)
+
+    def _shutdown_workers(self) -> None:
+        self._finalizer()
+
+    @property
+    def stats(self) -> LoaderStats:
+        """Counters of this iterator (see :class:`threadloader.stats.LoaderStats`)."""
+        return self._stats

@@ -1,0 +1,194 @@
+"""The one place that touches torch's private data-loading API.
+
+Everything threadloader needs from ``torch.utils.data`` internals is named here,
+so a torch upgrade that moves something breaks this file (and its tests in
+``tests/test_torch_compat.py``) and nothing else.
+
+Two behaviours of torch have to be adjusted for worker *threads*:
+
+* ``torch.utils.data.get_worker_info()`` reads one module global, which is right
+  for worker processes and wrong for threads (every thread would see the last
+  writer's info). :func:`install` makes the function consult a thread-local
+  first. The function object is patched in place (its code is swapped), so every
+  alias of it -- ``torch.utils.data.get_worker_info``, names users imported
+  earlier, ``torch.random.thread_safe_generator``'s lazy import -- sees the
+  thread-local value. Outside our threads it returns exactly what it did before.
+* ``default_collate`` stacks tensors into *shared memory* whenever worker info
+  is set, to save a copy when sending a batch to the parent process. Threads
+  share memory already, so that allocation is pure cost. The tensor entry of
+  ``default_collate_fn_map`` is wrapped to hide our worker info for the duration
+  of the stack; process workers are unaffected.
+"""
+
+from __future__ import annotations
+
+import threading
+import types
+from typing import Any, Callable
+
+import torch
+import torch.utils.data as tud
+from torch._utils import ExceptionWrapper
+from torch.utils.data import dataloader as _dl
+from torch.utils.data._utils import collate as _collate
+from torch.utils.data._utils import pin_memory as _pin
+from torch.utils.data._utils import worker as _worker
+
+__all__ = [
+    "BaseDataLoaderIter",
+    "DatasetKind",
+    "ExceptionWrapper",
+    "WorkerInfo",
+    "make_rng",
+    "numpy_seed_state",
+    "create_fetcher",
+    "pin_memory",
+    "install",
+    "set_thread_worker_info",
+    "thread_worker_info",
+]
+
+#: torch's base iterator: draws the base seed, builds the sampler iterator,
+#: emits pin_memory warnings and the IterableDataset length warning.
+BaseDataLoaderIter = _dl._BaseDataLoaderIter
+DatasetKind = _dl._DatasetKind
+WorkerInfo = _worker.WorkerInfo
+
+_tls = threading.local()
+_install_lock = threading.Lock()
+_installed = False
+
+
+def set_thread_worker_info(info: Any) -> None:
+    """Set (or clear with None) the worker info seen by the current thread."""
+    _tls.info = info
+
+
+def thread_worker_info() -> Any:
+    """The worker info set for the current thread by threadloader, or None."""
+    return getattr(_tls, "info", None)
+
+
+def numpy_seed_state(base_seed: int, worker_id: int) -> list[int]:
+    """The 4×uint32 NumPy seed DataLoader gives worker ``worker_id``."""
+    return _worker._generate_state(base_seed, worker_id)
+
+
+def make_rng(seed: int, base_seed: int, worker_id: int) -> Any:
+    """Per-thread generators (random, torch, numpy) seeded like a worker process.
+
+    Returns:
+        torch's ``_RNG`` container, or None when this torch has none.
+    """
+    import random
+
+    rng_cls = getattr(_worker, "_RNG", None)
+    if rng_cls is None:  # pragma: no cover - older torch
+        return None
+    torch_gen = torch.Generator()
+    torch_gen.manual_seed(seed)
+    try:
+        import numpy as np
+
+        np_gen = np.random.default_rng(numpy_seed_state(base_seed, worker_id))
+    except ImportError:  # pragma: no cover - numpy is a dependency
+        np_gen = None
+    return rng_cls(random.Random(seed), torch_gen, np_gen)
+
+
+def make_worker_info(worker_id: int, num_workers: int, base_seed: int, dataset: Any) -> Any:
+    """torch's ``WorkerInfo`` for a worker thread (``worker_method="thread"``)."""
+    seed = base_seed + worker_id
+    fields = getattr(WorkerInfo, "__dataclass_fields__", {})
+    kwargs: dict[str, Any] = dict(id=worker_id, num_workers=num_workers, seed=seed, dataset=dataset)
+    if "rng" in fields:
+        kwargs["rng"] = make_rng(seed, base_seed, worker_id)
+    if "worker_method" in fields:
+        kwargs["worker_method"] = "thread"
+    return WorkerInfo(**kwargs)
+
+
+def create_fetcher(kind: int, dataset: Any, auto_collation: bool, collate_fn: Callable, drop_last: bool) -> Any:
+    """torch's own fetcher for ``kind`` (used for IterableDataset replicas)."""
+    return DatasetKind.create_fetcher(kind, dataset, auto_collation, collate_fn, drop_last)
+
+
+def warn_iterable_length(dataset: Any, reported: int, yielded: int, num_workers: int) -> None:
+    """DataLoader's warning when an IterableDataset yields more than its len()."""
+    import warnings
+
+    msg = (
+        f"Length of IterableDataset {dataset} was reported to be {reported}"
+        f"(when accessing len(dataloader)), but {yielded} samples have been fetched. "
+    )
+    if num_workers > 0:
+        msg += (
+            "For multiprocessing data-loading, this could be caused by not properly configuring the "
+            "IterableDataset replica at each worker. Please see "
+            "https://pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset for examples."
+        )
+    warnings.warn(msg, stacklevel=4)
+
+
+def pin_memory(data: Any, device: str | None) -> Any:
+    """Pin every tensor in ``data`` as DataLoader's pin-memory thread does."""
+    return _pin.pin_memory(data, device)
+
+
+# --- patches -------------------------------------------------------------------
+
+def _thread_aware_get_worker_info():  # pragma: no cover - body runs as torch's
+    # Runs with torch.utils.data._utils.worker's globals (its code object is
+    # installed into torch's function), hence the names below.
+    tls = _threadloader_tls  # noqa: F821
+    info = getattr(tls, "info", None)
+    if info is not None:
+        return None if getattr(tls, "hide", False) else info
+    return _worker_info  # noqa: F821
+
+
+def _collate_tensor_without_shm(batch, *, collate_fn_map=None):
+    # default_collate asks get_worker_info() whether to allocate the batch in
+    # shared memory. In our threads the answer must be "no": hide the info for
+    # this call only (thread-local, so other threads are unaffected).
+    if getattr(_tls, "info", None) is None:
+        return _original_collate_tensor(batch, collate_fn_map=collate_fn_map)
+    previous = getattr(_tls, "hide", False)
+    _tls.hide = True
+    try:
+        return _original_collate_tensor(batch, collate_fn_map=collate_fn_map)
+    finally:
+        _tls.hide = previous
+
+
+_original_collate_tensor = _collate.collate_tensor_fn
+
+
+def install() -> None:
+    """Make torch's worker-info lookup and default collate thread-aware (idempotent)."""
+    global _installed
+    with _install_lock:
+        if _installed:
+            return
+        target = _worker.get_worker_info
+        if target.__code__ is not _thread_aware_get_worker_info.__code__:
+            if target.__code__.co_freevars or "_worker_info" not in target.__code__.co_names:
+                raise RuntimeError(
+                    "threadloader: this torch version's get_worker_info is not the expected "
+                    "module-global lookup; threadloader's adapter needs updating"
+                )
+            _worker._threadloader_tls = _tls
+            target.__code__ = _thread_aware_get_worker_info.__code__
+        tensor_type = torch.Tensor
+        if _collate.default_collate_fn_map.get(tensor_type) is _original_collate_tensor:
+            _collate.default_collate_fn_map[tensor_type] = _collate_tensor_without_shm
+        _installed = True
+
+
+def get_worker_info() -> Any:
+    """torch's ``get_worker_info`` (thread-aware once :func:`install` ran)."""
+    return tud.get_worker_info()
+
+
+# Keep a reference so tests can check the patch targets the same function.
+TORCH_GET_WORKER_INFO: types.FunctionType = _worker.get_worker_info

@@ -1,0 +1,163 @@
+"""Deterministic, photo-like ImageNet stand-in data for tests and benchmarks.
+
+Real photos have a roughly 1/f amplitude spectrum: most energy in smooth,
+large-scale structure, a little fine detail. White noise is the opposite and
+makes JPEG decoding unrealistically slow (entropy decoding dominates) and
+files unrealistically large, so benchmarks on it mislead. Here an image is a
+sum of octaves of low-resolution Gaussian noise, each upsampled bicubically
+with amplitude falling with frequency, plus a pinch of pixel-level grain.
+Everything is vectorised in torch/NumPy; encoding goes through simplejpeg.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+__all__ = ["make_imagenet_like", "photo_like_image"]
+
+_MARKER = ".threadloader-imagenet-like.json"
+_FORMAT_VERSION = 1
+_DECAY = 0.7  # amplitude ratio between successive octaves
+_CONTRAST = 45.0  # standard deviation of the smooth part, in levels
+
+
+def photo_like_image(height: int, width: int, seed: int | np.random.Generator = 0, *, grain: float = 2.5) -> np.ndarray:
+    """A smooth, photo-like RGB image.
+
+    Args:
+        height: image height in pixels.
+        width: image width in pixels.
+        seed: seed or NumPy generator; the same seed gives the same pixels.
+        grain: standard deviation (in levels) of the per-pixel grain; it
+            controls JPEG file size (larger = more bytes).
+
+    Returns:
+        ``(height, width, 3)`` uint8 array, C-contiguous.
+    """
+    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+    # Pyramid synthesis: start from a ~3-cell grid and repeatedly double the
+    # resolution, adding a fresh noise octave each time with amplitude falling
+    # by ``_DECAY`` per octave (a 1/f-like spectrum). Each step upsamples the
+    # running sum once, so the cost is about two full-resolution passes.
+    short = min(height, width)
+    levels = max(1, int(np.log2(short / 3)))
+    gh = max(2, round(height / 2**levels))
+    gw = max(2, round(width / 2**levels))
+    acc = torch.zeros(1, 3, gh, gw)
+    amp, power = 1.0, 0.0
+    for level in range(levels):
+        if level:
+            gh, gw = min(height, gh * 2), min(width, gw * 2)
+            acc = torch.nn.functional.interpolate(acc, size=(gh, gw), mode="bilinear", align_corners=False)
+        lum = rng.standard_normal((1, gh, gw), dtype=np.float32)
+        chroma = rng.standard_normal((3, gh, gw), dtype=np.float32) * 0.4
+        acc += amp * torch.from_numpy(lum + chroma)[None]  # correlated channels, like photos
+        power += amp * amp
+        amp *= _DECAY
+    if (gh, gw) != (height, width):
+        acc = torch.nn.functional.interpolate(acc, size=(height, width), mode="bilinear", align_corners=False)
+    mean = torch.from_numpy(rng.uniform(70, 170, size=(1, 3, 1, 1)).astype(np.float32))
+    img = (mean + acc * (_CONTRAST / float(np.sqrt(power))))[0].permute(1, 2, 0).numpy()
+    if grain > 0:
+        img += rng.standard_normal(img.shape, dtype=np.float32) * grain
+    return np.ascontiguousarray(np.clip(img + 0.5, 0, 255).astype(np.uint8))
+
+
+def _image_size(rng: np.random.Generator, size: tuple[int, int]) -> tuple[int, int]:
+    # ImageNet: about half the images are exactly 500x375 landscape, many are
+    # portrait 375x500, some square, the rest spread in size and aspect.
+    h, w = size
+    u = rng.random()
+    if u < 0.5:
+        return h, w
+    if u < 0.65:
+        return w, h
+    if u < 0.75:
+        s = min(h, w)
+        return s, s
+    aspect = float(np.exp(rng.uniform(np.log(0.6), np.log(1.7))))  # width / height
+    area = h * w * float(rng.uniform(0.6, 1.4))
+    hh = int(round(np.sqrt(area / aspect)))
+    ww = int(round(np.sqrt(area * aspect)))
+    return max(16, hh), max(16, ww)
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)  # readers never see a half-written file
+
+
+def make_imagenet_like(
+    root: str | os.PathLike,
+    *,
+    num_classes: int = 10,
+    images_per_class: int = 100,
+    seed: int = 0,
+    size: tuple[int, int] = (375, 500),
+    quality: int = 90,
+    grain: float = 2.5,
+) -> Path:
+    """Generate (once) an ImageFolder tree ``root/<class>/<i>.JPEG`` of photo-like JPEGs.
+
+    Sizes vary around ``size`` like ImageNet's (half exactly ``size``, some
+    portrait, some square, the rest scattered); with the defaults the mean
+    file is about 110 KB, close to ImageNet's. Generation is deterministic in
+    all parameters. A marker file records the parameters; a later call with
+    the same parameters returns at once, other parameters regenerate.
+
+    Args:
+        root: directory to fill (created if needed).
+        num_classes: number of class directories (``class_000`` ...).
+        images_per_class: JPEGs per class (``0.JPEG`` ...).
+        seed: base seed.
+        size: typical ``(height, width)``; ImageNet's most common is 375x500.
+        quality: JPEG quality (4:2:0 subsampling).
+        grain: per-pixel grain (levels); tunes file size.
+
+    Returns:
+        ``Path(root)``, ready for ``torchvision.datasets.ImageFolder``.
+    """
+    import simplejpeg
+
+    root = Path(root).expanduser()
+    params = dict(
+        version=_FORMAT_VERSION, num_classes=num_classes, images_per_class=images_per_class,
+        seed=seed, size=list(size), quality=quality, grain=grain,
+    )
+    marker = root / _MARKER
+    try:
+        if json.loads(marker.read_text()) == params:
+            return root
+    except (OSError, ValueError):
+        pass
+    root.mkdir(parents=True, exist_ok=True)
+    marker.unlink(missing_ok=True)
+    for stale in root.glob("class_*"):
+        # Class directories of an earlier, larger tree would become classes.
+        if stale.is_dir() and not (stale.name[6:].isdigit() and int(stale.name[6:]) < num_classes):
+            for f in stale.glob("*.JPEG"):
+                f.unlink()
+            try:
+                stale.rmdir()
+            except OSError:
+                pass  # holds files we did not make; leave them
+    for c in range(num_classes):
+        cdir = root / f"class_{c:03d}"
+        cdir.mkdir(exist_ok=True)
+        for old in cdir.glob("*.JPEG"):
+            if not old.stem.isdigit() or int(old.stem) >= images_per_class:
+                old.unlink()  # leftovers from a larger earlier tree
+        for i in range(images_per_class):
+            rng = np.random.default_rng([seed, c, i])
+            h, w = _image_size(rng, size)
+            pixels = photo_like_image(h, w, rng, grain=grain)
+            data = simplejpeg.encode_jpeg(pixels, quality=quality, colorspace="RGB", colorsubsampling="420")
+            _write_atomic(cdir / f"{i}.JPEG", data)
+    _write_atomic(marker, json.dumps(params).encode())
+    return root

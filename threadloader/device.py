@@ -1,0 +1,406 @@
+"""The device stage: move uint8 batches to the accelerator, then normalize there.
+
+FFCV and DALI teach the same lesson: ship uint8 pixels (4x less traffic than
+float32) and do the per-pixel float work on the device, in one fused op.
+``to_device`` wraps any iterable loader and does exactly that:
+
+* **Image rule.** Every ``torch.uint8`` tensor with 4 dimensions, anywhere in the
+  batch structure (tensor, tuple/list/namedtuple, mapping), is an image batch of
+  shape ``(N, C, H, W)`` — which is what ``frame_collate`` and
+  ``PILToTensor`` + ``default_collate`` produce. Image batches are copied,
+  converted to ``dtype``, normalized and optionally mirrored. Every other tensor
+  is only moved; non-tensor leaves are left as they are.
+* **Overlap.** On CUDA, the host-to-device copy and the conversion run on a side
+  stream up to ``prefetch`` batches ahead of the consumer. The consumer's stream
+  waits on a per-batch event before it gets the batch, and every tensor handed
+  over is ``record_stream``-ed on it, so the caching allocator never reuses its
+  memory early. No thread is started: streams give the overlap.
+* **Buffer safety.** The host batch (often a pinned buffer that a pool wants to
+  reuse) is kept referenced until an event recorded right after its copy has
+  completed; only then is it released.
+* **CPU fallback.** With ``device="cpu"`` the same math runs synchronously on the
+  CPU, so the results (and the tests) do not need a GPU.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+
+__all__ = ["to_device", "DeviceLoader", "ImageTransform"]
+
+
+class ImageTransform:
+    """Fused uint8 -> float conversion, normalization and per-sample mirroring.
+
+    ``y = x * scale + bias`` with ``scale = 1 / (255 * std)`` and
+    ``bias = -mean / std`` equals ``(x / 255 - mean) / std`` (torchvision's
+    ``Normalize`` after ``ToDtype(scale=True)``); without ``normalize`` it is
+    ``x / 255``. Mirroring flips a random subset of samples along the width.
+
+    Args:
+        normalize: ``(mean, std)`` per-channel sequences (same length, std > 0),
+            or None.
+        mirror: probability in [0, 1] of flipping each sample horizontally, or
+            None for no mirroring.
+        dtype: floating output dtype, or None to keep uint8 (then ``normalize``
+            must be None).
+        channels_last: whether outputs use ``torch.channels_last`` memory format
+            (else contiguous).
+        generator: CPU ``torch.Generator`` for the mirror draws (None: the global
+            RNG). Draws happen on the CPU, so CPU and CUDA results agree.
+
+    Raises:
+        ValueError: on malformed ``normalize``/``mirror``/``dtype``.
+    """
+
+    def __init__(
+        self,
+        normalize: tuple[Sequence[float], Sequence[float]] | None = None,
+        mirror: float | None = None,
+        dtype: torch.dtype | None = torch.float32,
+        channels_last: bool = True,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise ValueError(f"dtype must be a floating torch.dtype or None, got {dtype!r}")
+        if normalize is not None:
+            if dtype is None:
+                raise ValueError("normalize needs a floating dtype, got dtype=None")
+            try:
+                mean, std = normalize
+                mean = [float(m) for m in mean]
+                std = [float(s) for s in std]
+            except (TypeError, ValueError) as exc:
+                raise ValueError(
+                    f"normalize must be (mean, std) sequences of numbers, got {normalize!r}"
+                ) from exc
+            if not mean or len(mean) != len(std):
+                raise ValueError(
+                    f"normalize mean and std must be non-empty and of equal length, got "
+                    f"{len(mean)} and {len(std)}"
+                )
+            if not all(math.isfinite(s) and s > 0 for s in std) or not all(
+                math.isfinite(m) for m in mean
+            ):
+                raise ValueError(f"normalize needs finite mean and std > 0, got {normalize!r}")
+            self.mean: list[float] | None = mean
+            self.std: list[float] | None = std
+        else:
+            self.mean = self.std = None
+        if mirror is not None:
+            if isinstance(mirror, bool) or not isinstance(mirror, (int, float)):
+                raise ValueError(f"mirror must be a probability in [0, 1] or None, got {mirror!r}")
+            if not 0.0 <= float(mirror) <= 1.0:
+                raise ValueError(f"mirror must be a probability in [0, 1], got {mirror!r}")
+            mirror = float(mirror)
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise ValueError(f"generator must be a torch.Generator or None, got {generator!r}")
+        if generator is not None and generator.device.type != "cpu":
+            raise ValueError("generator must be a CPU torch.Generator")
+        self.mirror = mirror
+        self.dtype = dtype
+        self.channels_last = channels_last
+        self.generator = generator
+        # scale/bias per (device, channels): computed once, reused every batch.
+        self._coeffs: dict[tuple[torch.device, int], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    @property
+    def memory_format(self) -> torch.memory_format:
+        return torch.channels_last if self.channels_last else torch.contiguous_format
+
+    def draw_flips(self, n: int) -> torch.Tensor | None:
+        """Indices (CPU int64) of the samples to mirror in a batch of ``n``.
+
+        Drawn on the CPU at dispatch time, in batch order, so a seeded
+        generator gives the same flips on every device.
+        """
+        if not self.mirror:
+            return None
+        mask = torch.rand(n, generator=self.generator) < self.mirror
+        return mask.nonzero().flatten()
+
+    def _scale_bias(self, device: torch.device, channels: int) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (device, channels)
+        coeffs = self._coeffs.get(key)
+        if coeffs is None:
+            if self.mean is not None:
+                if len(self.mean) not in (1, channels):
+                    raise ValueError(
+                        f"normalize has {len(self.mean)} channels but the image batch has {channels}"
+                    )
+                mean = torch.tensor(self.mean, dtype=torch.float64)
+                std = torch.tensor(self.std, dtype=torch.float64)
+            else:
+                mean, std = torch.zeros(1, dtype=torch.float64), torch.ones(1, dtype=torch.float64)
+            # float64 on the host so the fused form loses nothing before the cast.
+            scale = (1.0 / (255.0 * std)).to(self.dtype).view(1, -1, 1, 1).to(device)
+            bias = (-mean / std).to(self.dtype).view(1, -1, 1, 1).to(device)
+            coeffs = self._coeffs[key] = (scale, bias)
+        return coeffs
+
+    def __call__(self, x: torch.Tensor, flips: torch.Tensor | None = None) -> torch.Tensor:
+        """Convert one ``(N, C, H, W)`` uint8 batch; never modifies ``x``.
+
+        Args:
+            x: uint8 image batch on the target device.
+            flips: indices of samples to mirror (from :meth:`draw_flips`), or None.
+
+        Returns:
+            A new tensor of ``dtype`` (or uint8 when ``dtype`` is None), in the
+            requested memory format, on ``x.device``.
+
+        Raises:
+            ValueError: if ``x`` is not a 4-D uint8 tensor or its channels do
+                not match ``normalize``.
+        """
+        if x.dtype != torch.uint8 or x.dim() != 4:
+            raise ValueError(f"expected a (N, C, H, W) uint8 tensor, got {x.dtype} {tuple(x.shape)}")
+        if self.dtype is None:
+            out = x.contiguous(memory_format=self.memory_format)
+            if out is x and flips is not None and flips.numel():
+                out = out.clone(memory_format=self.memory_format)
+        else:
+            scale, bias = self._scale_bias(x.device, x.shape[1])
+            out = torch.empty(x.shape, dtype=self.dtype, device=x.device, memory_format=self.memory_format)
+            # One kernel: uint8 is promoted inside addcmul, no float copy of x.
+            torch.addcmul(bias, x, scale, out=out)
+        if flips is not None and flips.numel():
+            # index_select/index_copy_ on precomputed indices: no boolean-mask
+            # indexing, hence no device-to-host sync on CUDA.
+            flips = flips.to(out.device, non_blocking=True)
+            out.index_copy_(0, flips, out.index_select(0, flips).flip(-1))
+        return out
+
+
+def _is_image(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and t.dtype == torch.uint8 and t.dim() == 4
+
+
+def _map_structure(obj: Any, fn: Any) -> Any:
+    """Apply ``fn`` to every tensor leaf, rebuilding containers like default_collate does."""
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, Mapping):
+        items = {k: _map_structure(v, fn) for k, v in obj.items()}
+        try:
+            return type(obj)(items)  # type: ignore[call-arg]
+        except TypeError:
+            return items
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
+        return type(obj)(*(_map_structure(v, fn) for v in obj))
+    if isinstance(obj, (list, tuple)):
+        mapped = [_map_structure(v, fn) for v in obj]
+        if isinstance(obj, tuple):
+            return type(obj)(mapped) if type(obj) is not tuple else tuple(mapped)
+        try:
+            return type(obj)(mapped)
+        except TypeError:
+            return mapped
+    return obj
+
+
+def _tensors(obj: Any) -> list[torch.Tensor]:
+    found: list[torch.Tensor] = []
+    _map_structure(obj, lambda t: found.append(t) or t)
+    return found
+
+
+class DeviceLoader:
+    """Iterable returned by :func:`to_device`; see there.
+
+    Attribute access falls through to the wrapped loader (``.dataset``,
+    ``.batch_size``, ``.sampler``...), so code that inspects the loader keeps
+    working.
+    """
+
+    def __init__(
+        self,
+        loader: Iterable[Any],
+        device: torch.device,
+        transform: ImageTransform,
+        prefetch: int,
+    ) -> None:
+        self.loader = loader
+        self.device = device
+        self.transform = transform
+        self.prefetch = prefetch
+
+    def __len__(self) -> int:
+        return len(self.loader)  # type: ignore[arg-type]
+
+    def __getattr__(self, name: str) -> Any:
+        # Only called for names not found normally; guard against recursion
+        # before __init__ has set ``loader`` (e.g. during unpickling).
+        if name == "loader":
+            raise AttributeError(name)
+        return getattr(self.loader, name)
+
+    def __repr__(self) -> str:
+        return f"DeviceLoader({self.loader!r}, device={self.device}, prefetch={self.prefetch})"
+
+    def __iter__(self) -> Iterator[Any]:
+        if self.device.type == "cuda":
+            return self._iter_cuda()
+        return self._iter_sync()
+
+    # -- synchronous path (CPU, or accelerators without stream support) ----------
+    def _convert(self, batch: Any, non_blocking: bool) -> Any:
+        flips_cache: dict[int, torch.Tensor | None] = {}
+
+        def convert(t: torch.Tensor) -> torch.Tensor:
+            moved = t.to(self.device, non_blocking=non_blocking)
+            if not _is_image(t):
+                return moved
+            n = t.shape[0]
+            # One flip draw per batch size: paired images (e.g. two views of the
+            # same samples) are mirrored together.
+            if n not in flips_cache:
+                flips_cache[n] = self.transform.draw_flips(n)
+            return self.transform(moved, flips_cache[n])
+
+        return _map_structure(batch, convert)
+
+    def _iter_sync(self) -> Iterator[Any]:
+        non_blocking = self.device.type != "cpu"
+        for batch in self.loader:
+            yield self._convert(batch, non_blocking)
+
+    # -- CUDA path: side stream, events, prefetch ---------------------------------
+    def _iter_cuda(self) -> Iterator[Any]:
+        copy_stream = torch.cuda.Stream(device=self.device)
+        # Each in-flight entry: (host batch, copy-done event, ready event, device batch).
+        inflight: collections.deque[tuple[Any, torch.cuda.Event, torch.cuda.Event, Any]] = (
+            collections.deque()
+        )
+        # Host batches already handed out whose copy may still be running.
+        held: list[tuple[Any, torch.cuda.Event]] = []
+        source = iter(self.loader)
+        exhausted = False
+
+        def launch() -> bool:
+            try:
+                host = next(source)
+            except StopIteration:
+                return False
+            copied = torch.cuda.Event()
+            ready = torch.cuda.Event()
+            with torch.cuda.stream(copy_stream):
+                flips_cache: dict[int, torch.Tensor | None] = {}
+                staged: list[tuple[torch.Tensor, torch.Tensor | None]] = []
+
+                def copy(t: torch.Tensor) -> torch.Tensor:
+                    dev = t.to(self.device, non_blocking=True)
+                    if _is_image(t):
+                        n = t.shape[0]
+                        if n not in flips_cache:
+                            flips_cache[n] = self.transform.draw_flips(n)
+                        staged.append((dev, flips_cache[n]))
+                    return dev
+
+                moved = _map_structure(host, copy)
+                copied.record(copy_stream)
+                outputs = {id(dev): self.transform(dev, flips) for dev, flips in staged}
+                device_batch = _map_structure(moved, lambda t: outputs.get(id(t), t))
+                ready.record(copy_stream)
+            inflight.append((host, copied, ready, device_batch))
+            return True
+
+        try:
+            while True:
+                while not exhausted and len(inflight) < self.prefetch:
+                    exhausted = not launch()
+                if not inflight:
+                    return
+                host, copied, ready, device_batch = inflight.popleft()
+                consumer = torch.cuda.current_stream(self.device)
+                consumer.wait_event(ready)
+                for t in _tensors(device_batch):
+                    if t.device.type == "cuda":
+                        # Allocated on the side stream, used on the consumer's.
+                        t.record_stream(consumer)
+                held.append((host, copied))
+                # Release host batches whose copies are done; keep the rest alive.
+                held = [(h, e) for h, e in held if not e.query()]
+                del host
+                # Refill before yielding so the next copy overlaps the user's step.
+                if not exhausted:
+                    exhausted = not launch()
+                yield device_batch
+                del device_batch
+        finally:
+            # Closing early (break, exception, GC): wait for copies that still
+            # read host memory before dropping the last references to it.
+            for _, copied, _, _ in inflight:
+                copied.synchronize()
+            for _, copied in held:
+                copied.synchronize()
+            inflight.clear()
+            held.clear()
+
+
+def to_device(
+    loader: Iterable[Any],
+    device: str | torch.device,
+    *,
+    normalize: tuple[Sequence[float], Sequence[float]] | None = None,
+    mirror: float | None = None,
+    dtype: torch.dtype | None = torch.float32,
+    channels_last: bool = True,
+    prefetch: int = 2,
+    generator: torch.Generator | None = None,
+) -> DeviceLoader:
+    """Wrap ``loader`` so its batches arrive on ``device``, converted and normalized.
+
+    Every 4-D uint8 tensor in a batch is treated as an ``(N, C, H, W)`` image
+    batch: copied (``non_blocking=True``; use a loader with ``pin_memory=True``
+    for truly asynchronous copies), converted to ``dtype`` with
+    ``(x / 255 - mean) / std`` fused as ``x * scale + bias`` (``x / 255`` when
+    ``normalize`` is None), and each sample mirrored horizontally with
+    probability ``mirror``. One flip draw is shared by all image tensors of the
+    same batch size in a batch. Other tensors are only moved; other leaves are
+    kept. Containers (tuple, list, namedtuple, dict) keep their type.
+
+    Args:
+        loader: any iterable of batches (a DataLoader, ThreadDataLoader, list...).
+        device: target device, e.g. ``"cuda"``, ``"cuda:1"`` or ``"cpu"``.
+        normalize: ``(mean, std)`` in the [0, 1] pixel scale, one value per
+            channel (or one for all), or None.
+        mirror: probability of a horizontal flip per sample, or None.
+        dtype: floating output dtype for image batches, or None to keep uint8
+            (only with ``normalize=None``).
+        channels_last: return image batches in ``torch.channels_last`` format.
+        prefetch: number of batches copied ahead on a side CUDA stream (>= 1;
+            ignored off CUDA, where conversion is synchronous).
+        generator: CPU ``torch.Generator`` for the mirror draws (None: global RNG).
+
+    Returns:
+        A :class:`DeviceLoader`: iterable, ``len()`` delegates to ``loader``.
+
+    Raises:
+        TypeError: if ``loader`` is not iterable.
+        ValueError: on malformed arguments.
+        RuntimeError: if ``device`` is a CUDA device and CUDA is not available.
+    """
+    if not isinstance(loader, Iterable):
+        raise TypeError(f"loader must be iterable, got {type(loader).__name__}")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"invalid device {device!r}") from exc
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"device {device!r} requested but CUDA is not available")
+    if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
+        raise ValueError(f"prefetch must be an int >= 1, got {prefetch!r}")
+    transform = ImageTransform(
+        normalize=normalize,
+        mirror=mirror,
+        dtype=dtype,
+        channels_last=channels_last,
+        generator=generator,
+    )
+    return DeviceLoader(loader, dev, transform, prefetch)
