@@ -38,16 +38,21 @@ from typing import Any
 import torch
 
 __all__ = [
+    "COLUMNS",
     "CONFIGS",
+    "LOADERS",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "Measurement",
     "FrameLoader",
     "build_loader",
+    "add_example_arguments",
     "build_parser",
+    "compare_loaders",
     "count_images",
     "default_cache_dir",
     "default_workers",
+    "example_data",
     "format_table",
     "main",
     "measure",
@@ -55,6 +60,7 @@ __all__ = [
     "prepare_dataset",
     "run",
     "run_comparison",
+    "summarize",
     "write_csv",
     "write_plot",
 ]
@@ -429,6 +435,85 @@ def run_comparison(
     return rows
 
 
+def compare_loaders(
+    factories: dict[str, Callable[[int], Iterable[Any]]],
+    workers: Sequence[int],
+    *,
+    max_items: int | None,
+    warmup: int = 1,
+    config: str = "",
+    progress: bool = False,
+) -> list[dict[str, Any]]:
+    """Measure named loaders over worker counts (what the examples print).
+
+    Args:
+        factories: name -> ``f(workers)`` building a fresh iterable; the name
+            ``"DataLoader"`` is the baseline of the ``ratio`` column.
+        workers: worker counts.
+        max_items: items (samples or batches) per timed run, warmup included.
+        warmup: items not timed.
+        config: label for the ``config`` column.
+        progress: show a tqdm bar on stderr.
+
+    Returns:
+        Rows with the keys of ``COLUMNS``.
+    """
+    bar = _progress(len(factories) * len(workers), progress)
+    rows: list[dict[str, Any]] = []
+    try:
+        for w in workers:
+            for name, factory in factories.items():
+                bar.set_description(f"{config} w={w} {name}")
+                m = measure(factory(w), max_items=max_items, warmup=warmup)
+                rows.append(
+                    {
+                        "config": config,
+                        "workers": w,
+                        "loader": name,
+                        "img/s": round(m.img_per_s, 1),
+                        "first_batch_s": round(m.first_batch_s, 3),
+                        "images": m.images,
+                        "ratio": None,
+                    }
+                )
+                log.info("measured %s", rows[-1])
+                bar.update(1)
+    finally:
+        bar.close()
+    _add_ratios(rows)
+    return rows
+
+
+def add_example_arguments(
+    parser: argparse.ArgumentParser, *, batch_size: int = 32, max_batches: int = 10
+) -> argparse.ArgumentParser:
+    """Flags shared by the scripts in ``examples/``: data, workers, sizes, ``--smoke``."""
+    parser.add_argument("--root", help="your own ImageFolder-style folder (default: generated data)")
+    parser.add_argument("--cache-dir", help="where generated data lives (default: $THREADLOADER_CACHE or ~/.cache/threadloader)")
+    parser.add_argument("--workers", type=parse_workers, help="worker counts, e.g. 1,2,4 (default: 1,2,4,8,16 capped at the cores)")
+    parser.add_argument("--batch-size", type=int, default=batch_size, help=f"images per batch (default {batch_size})")
+    parser.add_argument("--max-batches", type=int, default=max_batches, help=f"timed batches per run (default {max_batches})")
+    parser.add_argument("--smoke", action="store_true", help="tiny generated data, a few seconds")
+    return parser
+
+
+def example_data(args: argparse.Namespace) -> tuple[Path, list[int], int, int, int]:
+    """Resolve the shared example flags.
+
+    Returns:
+        ``(root, workers, batch_size, max_batches, size)``; with ``--smoke``:
+        tiny generated images, batches of 4, 2 batches, workers 1,2, size 64.
+    """
+    mode = "smoke" if args.smoke else "quick"
+    classes, per_class, extra = _DATA[mode]
+    root = prepare_dataset(
+        args.root, cache_dir=args.cache_dir, num_classes=classes, images_per_class=per_class, **extra
+    )
+    if args.smoke:
+        return root, args.workers or [1, 2], min(args.batch_size, 4), min(args.max_batches, 2), 64
+    return root, args.workers or default_workers(), args.batch_size, args.max_batches, 224
+
+
 def _add_ratios(rows: list[dict[str, Any]]) -> None:
     base = {(r["config"], r["workers"]): r["img/s"] for r in rows if r["loader"] == "DataLoader"}
     for r in rows:
@@ -467,7 +552,7 @@ def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None =
         if v is None:
             return "-"
         if isinstance(v, float):
-            return f"{v:.3f}" if abs(v) < 10 else f"{v:.1f}"
+            return repr(v)  # values are rounded where they are made
         return str(v)
 
     body = [[cell(r.get(c)) for c in columns] for r in rows]

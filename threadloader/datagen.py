@@ -22,11 +22,11 @@ __all__ = ["make_imagenet_like", "photo_like_image"]
 
 _MARKER = ".threadloader-imagenet-like.json"
 _FORMAT_VERSION = 1
-_DECAY = 0.7  # amplitude ratio between successive octaves
-_CONTRAST = 45.0  # standard deviation of the smooth part, in levels
+_DECAY = 0.95  # amplitude ratio between successive octaves
+_CONTRAST = 60.0  # standard deviation of the smooth part, in levels
 
 
-def photo_like_image(height: int, width: int, seed: int | np.random.Generator = 0, *, grain: float = 2.5) -> np.ndarray:
+def photo_like_image(height: int, width: int, seed: int | np.random.Generator = 0, *, grain: float = 3.0) -> np.ndarray:
     """A smooth, photo-like RGB image.
 
     Args:
@@ -44,23 +44,21 @@ def photo_like_image(height: int, width: int, seed: int | np.random.Generator = 
     # resolution, adding a fresh noise octave each time with amplitude falling
     # by ``_DECAY`` per octave (a 1/f-like spectrum). Each step upsamples the
     # running sum once, so the cost is about two full-resolution passes.
-    short = min(height, width)
-    levels = max(1, int(np.log2(short / 3)))
-    gh = max(2, round(height / 2**levels))
-    gw = max(2, round(width / 2**levels))
-    acc = torch.zeros(1, 3, gh, gw)
+    grids = [(height, width)]
+    while min(grids[-1]) > 3:
+        gh, gw = grids[-1]
+        grids.append(((gh + 1) // 2, (gw + 1) // 2))
+    grids.reverse()  # coarse to fine; the finest octave is full resolution
+    acc = torch.zeros(1, 3, *grids[0])
     amp, power = 1.0, 0.0
-    for level in range(levels):
-        if level:
-            gh, gw = min(height, gh * 2), min(width, gw * 2)
+    for gh, gw in grids:
+        if acc.shape[-2:] != (gh, gw):
             acc = torch.nn.functional.interpolate(acc, size=(gh, gw), mode="bilinear", align_corners=False)
         lum = rng.standard_normal((1, gh, gw), dtype=np.float32)
         chroma = rng.standard_normal((3, gh, gw), dtype=np.float32) * 0.4
         acc += amp * torch.from_numpy(lum + chroma)[None]  # correlated channels, like photos
         power += amp * amp
         amp *= _DECAY
-    if (gh, gw) != (height, width):
-        acc = torch.nn.functional.interpolate(acc, size=(height, width), mode="bilinear", align_corners=False)
     mean = torch.from_numpy(rng.uniform(70, 170, size=(1, 3, 1, 1)).astype(np.float32))
     img = (mean + acc * (_CONTRAST / float(np.sqrt(power))))[0].permute(1, 2, 0).numpy()
     if grain > 0:
@@ -101,7 +99,7 @@ def make_imagenet_like(
     seed: int = 0,
     size: tuple[int, int] = (375, 500),
     quality: int = 90,
-    grain: float = 2.5,
+    grain: float = 3.0,
 ) -> Path:
     """Generate (once) an ImageFolder tree ``root/<class>/<i>.JPEG`` of photo-like JPEGs.
 

@@ -327,9 +327,9 @@ class DeviceLoader:
                 # Release host batches whose copies are done; keep the rest alive.
                 held = [(h, e) for h, e in held if not e.query()]
                 del host
-                # Refill before yielding so the next copy overlaps the user's step.
-                if not exhausted:
-                    exhausted = not launch()
+                # Refilling happens at the top of the loop, after the user's step
+                # has been enqueued: the copies already in flight overlap that
+                # step, and a slow loader never delays a batch that is ready.
                 yield device_batch
                 del device_batch
         finally:

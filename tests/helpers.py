@@ -1,0 +1,102 @@
+"""Datasets and utilities shared by the loader tests."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import torch
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
+
+
+class Squares(Dataset):
+    """A map-style dataset returning (i, i*i as a tensor)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        return i, torch.tensor([i * i], dtype=torch.int64)
+
+
+class Failing(Dataset):
+    """Raises ``exc`` for the indices in ``bad``."""
+
+    def __init__(self, n: int, bad: set[int], exc: type[Exception] = ValueError) -> None:
+        self.n, self.bad, self.exc = n, bad, exc
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        if i in self.bad:
+            raise self.exc(f"bad sample {i}")
+        return i
+
+
+class Slow(Dataset):
+    def __init__(self, n: int, delay: float, slow: set[int] | None = None) -> None:
+        self.n, self.delay, self.slow = n, delay, slow
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        if self.slow is None or i in self.slow:
+            time.sleep(self.delay)
+        return i
+
+
+class Sharded(IterableDataset):
+    """An IterableDataset that shards itself with get_worker_info()."""
+
+    def __init__(self, start: int, end: int, uneven: bool = False) -> None:
+        self.start, self.end, self.uneven = start, end, uneven
+
+    def __iter__(self):
+        info = get_worker_info()
+        if info is None:
+            lo, hi, step = self.start, self.end, 1
+            return iter(range(lo, hi, step))
+        if self.uneven:  # worker k yields k * 3 + 1 items
+            base = self.start + 100 * info.id
+            return iter(range(base, base + info.id * 3 + 1))
+        return iter(range(self.start + info.id, self.end, info.num_workers))
+
+
+class Recorder(Dataset):
+    """Records the worker info and thread seen for each index."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.lock = threading.Lock()
+        self.seen: dict[int, tuple] = {}
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        info = get_worker_info()
+        with self.lock:
+            self.seen[i] = (info, threading.get_ident(), torch.random.thread_safe_generator())
+        return i
+
+
+def to_list(batches):
+    """Turn a sequence of batches into nested Python lists for comparison."""
+
+    def conv(x):
+        if isinstance(x, torch.Tensor):
+            return x.tolist()
+        if isinstance(x, (list, tuple)):
+            return [conv(v) for v in x]
+        if isinstance(x, dict):
+            return {k: conv(v) for k, v in x.items()}
+        return x
+
+    return [conv(b) for b in batches]

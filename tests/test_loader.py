@@ -1,0 +1,466 @@
+"""ThreadDataLoader's contract, bullet by bullet, against DataLoader."""
+
+from __future__ import annotations
+
+import gc
+import inspect
+import multiprocessing
+import random
+import threading
+import time
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset, SequentialSampler
+
+import threadloader
+from threadloader import ThreadDataLoader
+
+from conftest import wait_no_worker_threads, worker_threads
+from helpers import Failing, Recorder, Sharded, Slow, Squares, to_list
+
+
+# --- the constructor is DataLoader's ------------------------------------------------
+
+def test_signature_is_dataloaders():
+    ours = inspect.signature(ThreadDataLoader.__init__).parameters
+    theirs = inspect.signature(DataLoader.__init__).parameters
+    assert list(ours) == list(theirs)
+    for name in theirs:
+        assert ours[name].kind == theirs[name].kind, name
+        assert ours[name].default == theirs[name].default, name
+
+
+INVALID = [
+    (dict(num_workers=-1), {}),
+    (dict(timeout=-1), {}),
+    (dict(prefetch_factor=2), {}),
+    (dict(num_workers=2, prefetch_factor=-1), {}),
+    (dict(persistent_workers=True), {}),
+    (dict(sampler=[0, 1], shuffle=True), {}),
+    (dict(batch_sampler=[[0]], batch_size=2), {}),
+    (dict(batch_sampler=[[0]], drop_last=True), {}),
+    (dict(batch_size=None, drop_last=True), {}),
+    (dict(num_workers=2, multiprocessing_context="nope"), {}),
+    (dict(num_workers=2, multiprocessing_context=3), {}),
+    (dict(multiprocessing_context="fork"), {}),
+    (dict(shuffle=True), {"iterable": True}),
+    (dict(sampler=[0]), {"iterable": True}),
+    (dict(batch_sampler=[[0]]), {"iterable": True}),
+]
+
+
+@pytest.mark.parametrize("kwargs,opts", INVALID)
+def test_invalid_arguments_raise_like_dataloader(kwargs, opts):
+    dataset = Sharded(0, 4) if opts.get("iterable") else Squares(4)
+    with pytest.raises(Exception) as theirs:
+        DataLoader(dataset, **kwargs)
+    with pytest.raises(Exception) as ours:
+        ThreadDataLoader(dataset, **kwargs)
+    assert type(ours.value) is type(theirs.value)
+    assert str(ours.value) == str(theirs.value).replace("DataLoader", "ThreadDataLoader") or str(ours.value) == str(
+        theirs.value
+    )
+
+
+def test_len_isinstance_and_frozen_attributes():
+    loader = ThreadDataLoader(Squares(10), batch_size=3, num_workers=2)
+    assert isinstance(loader, DataLoader)
+    assert len(loader) == len(DataLoader(Squares(10), batch_size=3)) == 4
+    assert len(ThreadDataLoader(Squares(10), batch_size=3, drop_last=True)) == 3
+    for attr in ("batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers"):
+        with pytest.raises(ValueError, match=f"{attr} attribute should not be set after ThreadDataLoader is initialized"):
+            setattr(loader, attr, None)
+    loader.num_workers = 1  # not frozen in DataLoader either
+    assert to_list(loader) == to_list(DataLoader(Squares(10), batch_size=3))
+
+
+def test_reinstantiation_from_constructor_arguments():
+    # What Lightning and Accelerate do: read each __init__ parameter back from
+    # the attribute of the same name and build a new instance of the class.
+    loader = ThreadDataLoader(Squares(11), batch_size=None, sampler=SequentialSampler(range(11)), num_workers=2,
+                              prefetch_factor=3, timeout=5, in_order=False)
+    params = inspect.signature(type(loader).__init__).parameters
+    kwargs = {n: getattr(loader, n) for n in params if n != "self" and hasattr(loader, n) and n != "shuffle"}
+    kwargs["batch_sampler"] = None
+    clone = type(loader)(**kwargs)
+    assert type(clone) is ThreadDataLoader
+    assert sorted(to_list(clone)) == sorted(to_list(loader))
+    assert clone.prefetch_factor == 3 and clone.timeout == 5 and clone.in_order is False
+
+
+def test_multiprocessing_context_is_validated_then_ignored():
+    loader = ThreadDataLoader(Squares(6), batch_size=2, num_workers=2, multiprocessing_context="spawn")
+    assert isinstance(loader.multiprocessing_context, multiprocessing.context.BaseContext)
+    before = multiprocessing.active_children()
+    assert to_list(loader) == to_list(DataLoader(Squares(6), batch_size=2))
+    assert multiprocessing.active_children() == before
+
+
+# --- threads, batching, order ---------------------------------------------------------
+
+def test_runs_on_num_workers_threads():
+    ds = Recorder(40)
+    list(ThreadDataLoader(ds, batch_size=4, num_workers=3))
+    idents = {ident for _, ident, _ in ds.seen.values()}
+    assert 1 <= len(idents) <= 3
+    assert threading.get_ident() not in idents
+    assert {info.id for info, _, _ in ds.seen.values()} <= {0, 1, 2}
+
+
+def test_getitems_is_called_once_per_batch():
+    class Batched(Squares):
+        def __init__(self, n):
+            super().__init__(n)
+            self.calls = []
+            self.lock = threading.Lock()
+
+        def __getitems__(self, indices):
+            with self.lock:
+                self.calls.append(list(indices))
+            return [self[i] for i in indices]
+
+    ds = Batched(10)
+    got = to_list(ThreadDataLoader(ds, batch_size=4, num_workers=2))
+    assert got == to_list(DataLoader(Squares(10), batch_size=4))
+    assert sorted(ds.calls) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+
+
+def test_samples_of_one_batch_are_fetched_in_parallel():
+    # A batch of 4 slow samples on 4 threads takes about one sample's time.
+    barrier = threading.Barrier(4, timeout=10)
+
+    class NeedsAllFour(Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            barrier.wait()  # only passes if 4 samples of the batch run at once
+            return i
+
+    assert to_list(ThreadDataLoader(NeedsAllFour(), batch_size=4, num_workers=4)) == [[0, 1, 2, 3]]
+
+
+def test_custom_collate_and_batch_sampler_iterable():
+    batches = [[3, 1], [0], [2, 2, 2]]
+    got = list(ThreadDataLoader(Squares(4), batch_sampler=batches, num_workers=2, collate_fn=lambda b: [x[0] for x in b]))
+    assert got == [[3, 1], [0], [2, 2, 2]]
+
+
+def test_in_flight_bounded_by_prefetch_factor_times_workers():
+    drawn = []
+
+    class CountingSampler:
+        def __iter__(self):
+            for i in range(200):
+                drawn.append(i)
+                yield i
+
+        def __len__(self):
+            return 200
+
+    loader = ThreadDataLoader(Squares(200), batch_size=None, sampler=CountingSampler(), num_workers=3,
+                              prefetch_factor=2)
+    for consumed, _ in enumerate(loader, start=1):
+        time.sleep(0.0005)
+        assert len(drawn) - consumed <= 2 * 3 + 1
+
+
+def test_in_order_false_releases_ready_batches_first():
+    ds = Slow(8, 0.5, slow={0})
+    got = list(ThreadDataLoader(ds, batch_size=None, num_workers=2, in_order=False))
+    assert sorted(got) == list(range(8))
+    assert got[0] != 0
+
+
+def test_default_collate_does_not_use_shared_memory():
+    batch = next(iter(ThreadDataLoader(Squares(8), batch_size=4, num_workers=2)))
+    assert not batch[1].is_shared()
+    # ...whereas DataLoader's worker processes do put it there.
+    batch = next(iter(DataLoader(Squares(8), batch_size=4, num_workers=1, multiprocessing_context="fork")))
+    assert batch[1].is_shared()
+
+
+# --- worker info and randomness -----------------------------------------------------------
+
+def test_worker_info_is_thread_local():
+    ds = Recorder(60)
+    torch.manual_seed(5)
+    list(ThreadDataLoader(ds, batch_size=2, num_workers=3))
+    torch.manual_seed(5)
+    base_seed = torch.empty((), dtype=torch.int64).random_().item()
+    for info, ident, gen in ds.seen.values():
+        assert info.num_workers == 3 and 0 <= info.id < 3
+        assert info.seed == base_seed + info.id
+        assert info.dataset is ds
+        assert info.worker_method == "thread"
+        assert gen is info.rng.torch_generator
+    per_thread = {}
+    for info, ident, _ in ds.seen.values():
+        per_thread.setdefault(ident, set()).add(info.id)
+    assert all(len(ids) == 1 for ids in per_thread.values())
+    assert torch.utils.data.get_worker_info() is None
+    assert threadloader.get_worker_info is torch.utils.data.get_worker_info
+    assert torch.random.thread_safe_generator() is None
+
+
+def test_worker_init_fn_called_once_per_worker_with_info():
+    calls = []
+    lock = threading.Lock()
+
+    def init(worker_id):
+        info = torch.utils.data.get_worker_info()
+        with lock:
+            calls.append((worker_id, info.id, info.num_workers, threading.get_ident()))
+
+    list(ThreadDataLoader(Squares(20), batch_size=2, num_workers=3, worker_init_fn=init))
+    assert sorted(c[0] for c in calls) == [0, 1, 2]
+    assert all(c[0] == c[1] and c[2] == 3 for c in calls)
+    assert len({c[3] for c in calls}) == 3
+
+
+def test_per_thread_generators_are_seeded_like_workers_and_globals_untouched():
+    class Draws(Dataset):
+        def __len__(self):
+            return 6
+
+        def __getitem__(self, i):
+            info = torch.utils.data.get_worker_info()
+            return info.id, torch.randint(0, 2**30, (1,), generator=torch.random.thread_safe_generator()).item()
+
+    torch.manual_seed(0)
+    py_state, np_state = random.getstate(), np.random.get_state()
+    out = list(ThreadDataLoader(Draws(), batch_size=None, num_workers=2))
+    assert random.getstate() == py_state
+    assert np.array_equal(np.random.get_state()[1], np_state[1])
+    torch.manual_seed(0)
+    base_seed = torch.empty((), dtype=torch.int64).random_().item()
+    first = {}
+    for wid, value in out:
+        first.setdefault(wid, value)
+    for wid, value in first.items():
+        g = torch.Generator()
+        g.manual_seed(base_seed + wid)
+        assert value == torch.randint(0, 2**30, (1,), generator=g).item()
+
+
+def test_iterable_dataset_length_warning_like_dataloader():
+    class Liar(IterableDataset):
+        def __len__(self):
+            return 2
+
+        def __iter__(self):
+            return iter(range(5))
+
+    loader = ThreadDataLoader(Liar(), num_workers=1)
+    assert len(loader) == 2
+    with pytest.warns(UserWarning, match=r"was reported to be 2\(when accessing len\(dataloader\)\), but 3 samples"):
+        list(loader)
+
+
+def test_pin_memory_without_accelerator_warns_like_dataloader():
+    if torch.accelerator.is_available():
+        pytest.skip("an accelerator exists")
+    with pytest.warns(UserWarning, match="'pin_memory' argument is set as true but no accelerator is found"):
+        batch = next(iter(ThreadDataLoader(Squares(4), batch_size=2, num_workers=1, pin_memory=True)))
+    assert not batch[1].is_pinned()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_pin_memory_pins_batches():
+    for batch in ThreadDataLoader(Squares(8), batch_size=4, num_workers=2, pin_memory=True):
+        assert batch[1].is_pinned()
+
+
+def test_persistent_workers_keep_threads_and_match_dataloader():
+    ds = Recorder(12)
+    loader = ThreadDataLoader(ds, batch_size=3, num_workers=2, persistent_workers=True, shuffle=True,
+                              generator=torch.Generator().manual_seed(3))
+    list(loader)
+    threads_first = {ident for _, ident, _ in ds.seen.values()}
+    ds.seen.clear()
+    it = iter(loader)
+    next(it)  # an epoch abandoned early...
+    list(loader)  # ...and a full one
+    assert {ident for _, ident, _ in ds.seen.values()} <= threads_first
+    oracle = DataLoader(Squares(12), batch_size=3, num_workers=2, persistent_workers=True, shuffle=True,
+                        generator=torch.Generator().manual_seed(3), multiprocessing_context="fork")
+    ours = ThreadDataLoader(Squares(12), batch_size=3, num_workers=2, persistent_workers=True, shuffle=True,
+                            generator=torch.Generator().manual_seed(3))
+    assert [to_list(ours) for _ in range(3)] == [to_list(oracle) for _ in range(3)]
+    del loader, it, ours
+    gc.collect()
+
+
+# --- errors -------------------------------------------------------------------------------
+
+def test_worker_exception_reraised_with_worker_and_traceback_and_iterator_continues():
+    loader = ThreadDataLoader(Failing(8, {2}), batch_size=2, num_workers=2)
+    it = iter(loader)
+    assert next(it).tolist() == [0, 1]
+    with pytest.raises(ValueError) as info:
+        next(it)
+    msg = str(info.value)
+    assert "Caught ValueError in DataLoader worker thread" in msg
+    assert "dataset index 2" in msg
+    assert "Original Traceback" in msg and "bad sample 2" in msg and "__getitem__" in msg
+    assert next(it).tolist() == [4, 5]  # usable afterwards, as DataLoader's iterator is
+    assert next(it).tolist() == [6, 7]
+    with pytest.raises(StopIteration):
+        next(it)
+
+
+def test_exception_sequence_matches_dataloader():
+    def outcomes(loader):
+        out, it = [], iter(loader)
+        while True:
+            try:
+                out.append(next(it).tolist())
+            except StopIteration:
+                return out
+            except KeyError as exc:
+                out.append(("KeyError", "bad sample" in str(exc)))
+
+    ds = Failing(9, {1, 5}, exc=KeyError)
+    assert outcomes(ThreadDataLoader(ds, batch_size=2, num_workers=3)) == outcomes(
+        DataLoader(ds, batch_size=2, num_workers=2, multiprocessing_context="fork"))
+
+
+def test_exception_that_cannot_be_rebuilt_becomes_runtime_error():
+    class Odd(Exception):
+        def __init__(self, a, b):
+            super().__init__(a, b)
+
+    class DS(Squares):
+        def __getitem__(self, i):
+            raise Odd(1, 2)
+
+    with pytest.raises(RuntimeError, match="Caught Odd in DataLoader worker thread"):
+        next(iter(ThreadDataLoader(DS(2), num_workers=1)))
+
+
+def test_collate_exception_reaches_user():
+    def bad_collate(batch):
+        raise TypeError("cannot collate this")
+
+    with pytest.raises(TypeError, match="(?s)collate_fn.*cannot collate this"):
+        next(iter(ThreadDataLoader(Squares(4), batch_size=2, num_workers=2, collate_fn=bad_collate)))
+
+
+def test_worker_init_fn_exception_reaches_user():
+    def init(worker_id):
+        raise RuntimeError(f"init failed in {worker_id}")
+
+    with pytest.raises(RuntimeError, match="(?s)worker_init_fn.*init failed in"):
+        next(iter(ThreadDataLoader(Squares(4), batch_size=2, num_workers=2, worker_init_fn=init)))
+
+
+def test_iterable_dataset_iter_exception_reaches_user():
+    class Broken(IterableDataset):
+        def __iter__(self):
+            raise OSError("shard missing")
+
+    with pytest.raises(OSError, match="shard missing"):
+        next(iter(ThreadDataLoader(Broken(), num_workers=2)))
+
+
+def test_sampler_exception_reaches_user():
+    class BadSampler:
+        def __iter__(self):
+            yield 0
+            raise LookupError("sampler broke")
+
+        def __len__(self):
+            return 3
+
+    with pytest.raises(LookupError, match="sampler broke"):
+        list(ThreadDataLoader(Squares(3), sampler=BadSampler(), num_workers=2))
+
+
+def test_worker_thread_dying_is_reported_not_hung():
+    class Exits(Squares):
+        def __getitem__(self, i):
+            raise SystemExit(3)
+
+    with pytest.raises(RuntimeError, match=r"DataLoader worker \(thread \d\) exited unexpectedly"):
+        list(ThreadDataLoader(Exits(4), num_workers=1, timeout=10))
+
+
+def test_timeout_raises_on_time_while_a_worker_is_stuck():
+    loader = ThreadDataLoader(Slow(4, 1.5), batch_size=None, num_workers=1, timeout=0.3)
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"^DataLoader timed out after 0.3 seconds$"):
+        next(iter(loader))
+    assert time.monotonic() - t0 < 1.4
+
+
+def test_timeout_does_not_fire_when_data_arrives():
+    assert list(ThreadDataLoader(Slow(3, 0.01), batch_size=None, num_workers=2, timeout=5)) == [0, 1, 2]
+
+
+# --- shutdown: no leaked threads ------------------------------------------------------------
+
+@pytest.mark.parametrize("how", ["exhaust", "break", "del", "gc", "user_exception"])
+def test_threads_stop_and_join(how):
+    base = len(worker_threads())
+    loader = ThreadDataLoader(Squares(100), batch_size=2, num_workers=3)
+    if how == "exhaust":
+        list(loader)
+    elif how == "break":
+        for i, _ in enumerate(loader):
+            if i == 3:
+                break
+    elif how == "del":
+        it = iter(loader)
+        next(it)
+        assert len(worker_threads()) == base + 3
+        del it
+    elif how == "gc":
+        it = iter(loader)
+        next(it)
+        cycle = {"it": it}
+        cycle["self"] = cycle
+        del it, cycle
+        gc.collect()
+    else:
+        with pytest.raises(ZeroDivisionError):
+            for _ in loader:
+                1 / 0
+    assert wait_no_worker_threads(2.0) == []
+
+
+def test_threads_stop_when_a_worker_is_stuck_in_user_code():
+    loader = ThreadDataLoader(Slow(4, 1.0), batch_size=None, num_workers=2)
+    it = iter(loader)
+    t0 = time.monotonic()
+    del it
+    gc.collect()
+    assert time.monotonic() - t0 < 1.5  # shutdown does not wait out the stuck call
+    assert wait_no_worker_threads(3.0) == []
+
+
+def test_persistent_workers_stop_with_the_loader():
+    loader = ThreadDataLoader(Squares(10), batch_size=2, num_workers=2, persistent_workers=True)
+    list(loader)
+    assert len(worker_threads()) == 2
+    del loader
+    gc.collect()
+    assert wait_no_worker_threads(2.0) == []
+
+
+def test_stats_report_work():
+    loader = ThreadDataLoader(Slow(20, 0.002), batch_size=4, num_workers=2)
+    list(loader)
+    snap = loader.stats().snapshot()
+    assert snap["batches"] == 5 and snap["items"] == 20 and snap["items_fetched"] == 20
+    assert snap["fetch_s"] > 0.02
+    assert 0 < snap["worker_utilization"] <= 1
+
+
+def test_no_warning_for_a_plain_run():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        list(ThreadDataLoader(Squares(10), batch_size=2, num_workers=2))
