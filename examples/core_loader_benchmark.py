@@ -1,0 +1,94 @@
+"""Loader overhead: DataLoader against ThreadDataLoader on a trivial dataset.
+
+The dataset returns its index, so everything measured is the loader's own
+cost: moving indices to workers and samples back. DataLoader pays for
+inter-process queues and pickling on every item; threads hand objects over in
+memory. Runs are interleaved (DataLoader, ThreadDataLoader, DataLoader, ...)
+and each figure is the median of ``--repeats`` runs, so a noisy machine biases
+both loaders alike; the ratios are what to read.
+
+Usage::
+
+    python examples/core_loader_benchmark.py            # full run
+    python examples/core_loader_benchmark.py --smoke    # seconds, for tests
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any
+
+from torch.utils.data import DataLoader, Dataset
+
+from threadloader import ThreadDataLoader
+
+
+class IndexDataset(Dataset):
+    """Returns its index: no work but the loader's."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+
+def measure(cls: type, n: int, workers: int, batch_size: int | None) -> tuple[float, float]:
+    """Items per second over one epoch (after the first batch) and time to first batch."""
+    t0 = time.perf_counter()
+    it = iter(cls(IndexDataset(n), batch_size=batch_size, num_workers=workers))
+    next(it)
+    first = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    batches = sum(1 for _ in it)
+    elapsed = time.perf_counter() - t1
+    items = batches * (batch_size or 1)
+    return items / elapsed, first
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--items-unbatched", type=int, default=20_000)
+    parser.add_argument("--items-batched", type=int, default=400_000)
+    parser.add_argument("--smoke", action="store_true", help="tiny run for tests")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.repeats, args.items_unbatched, args.items_batched = 1, 400, 4_000
+
+    configs = [("unbatched", None, args.items_unbatched), ("batch 64", 64, args.items_batched)]
+    rows = []
+    for name, batch_size, n in configs:
+        runs: dict[str, list[tuple[float, float]]] = {"DataLoader": [], "ThreadDataLoader": []}
+        for _ in range(args.repeats):
+            for cls in (DataLoader, ThreadDataLoader):
+                runs[cls.__name__].append(measure(cls, n, args.workers, batch_size))
+        med = {k: (statistics.median(r[0] for r in v), statistics.median(r[1] for r in v)) for k, v in runs.items()}
+        rows.append({
+            "config": name,
+            "workers": args.workers,
+            "dataloader_items_s": med["DataLoader"][0],
+            "thread_items_s": med["ThreadDataLoader"][0],
+            "speedup": med["ThreadDataLoader"][0] / med["DataLoader"][0],
+            "dataloader_first_ms": med["DataLoader"][1] * 1e3,
+            "thread_first_ms": med["ThreadDataLoader"][1] * 1e3,
+            "first_batch_ratio": med["ThreadDataLoader"][1] / med["DataLoader"][1],
+        })
+
+    print(f"{'config':<10} {'workers':>7} {'DataLoader it/s':>16} {'Thread it/s':>13} {'speedup':>8} "
+          f"{'DL first ms':>12} {'TL first ms':>12} {'first ratio':>12}")
+    for r in rows:
+        print(f"{r['config']:<10} {r['workers']:>7} {r['dataloader_items_s']:>16,.0f} {r['thread_items_s']:>13,.0f} "
+              f"{r['speedup']:>7.1f}x {r['dataloader_first_ms']:>12.1f} {r['thread_first_ms']:>12.1f} "
+              f"{r['first_batch_ratio']:>12.2f}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()

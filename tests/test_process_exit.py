@@ -1,0 +1,87 @@
+"""Ctrl-C and interpreter exit never hang (run in a child process)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+CHILD_SIGINT = textwrap.dedent(
+    """
+    import sys, time
+    from torch.utils.data import Dataset
+    from threadloader import ThreadDataLoader
+
+    class Slow(Dataset):
+        def __len__(self): return 10**6
+        def __getitem__(self, i):
+            time.sleep(0.01)
+            return i
+
+    loader = ThreadDataLoader(Slow(), batch_size=4, num_workers=2, persistent_workers={persistent})
+    try:
+        for i, batch in enumerate(loader):
+            if i == 2:
+                print("ready", flush=True)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+        raise
+    """
+)
+
+CHILD_EXIT = textwrap.dedent(
+    """
+    import time
+    from torch.utils.data import Dataset
+    from threadloader import ThreadDataLoader
+
+    class Slow(Dataset):
+        def __len__(self): return 1000
+        def __getitem__(self, i):
+            time.sleep(0.05 if i > 5 else 0)
+            return i
+
+    loader = ThreadDataLoader(Slow(), batch_size=2, num_workers=2, persistent_workers=True)
+    it = iter(loader)
+    next(it)
+    print("leaving", flush=True)
+    """
+)
+
+
+def _env():
+    env = dict(os.environ)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_sigint_exits_with_keyboard_interrupt_within_5s(persistent):
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD_SIGINT.format(persistent=persistent)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+    )
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=5)
+        assert time.monotonic() - t0 < 5
+    finally:
+        proc.kill()
+    assert "interrupted" in out
+    assert "KeyboardInterrupt" in err
+    assert proc.returncode != 0
+
+
+def test_interpreter_exit_with_persistent_workers_alive_does_not_hang():
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", CHILD_EXIT], capture_output=True, text=True, timeout=30, env=_env())
+    assert proc.returncode == 0, proc.stderr
+    assert "leaving" in proc.stdout
+    assert time.monotonic() - t0 < 20
