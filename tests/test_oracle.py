@@ -8,6 +8,7 @@ the worker count), and with worker processes for targeted cases.
 from __future__ import annotations
 
 import collections
+import threading
 
 import pytest
 import torch
@@ -186,4 +187,5 @@ def test_num_workers_zero_is_dataloader_in_calling_thread():
     dataset = Squares(10)
     assert to_list(ThreadDataLoader(dataset, batch_size=3)) == to_list(DataLoader(dataset, batch_size=3))
     it = iter(ThreadDataLoader(dataset))
-    assert type(it).__name__ == "_SingleProcessDataLoaderIter"
+    assert isinstance(it, torch.utils.data.dataloader._SingleProcessDataLoaderIter)
+    assert not [t for t in threading.enumerate() if t.name.startswith("threadloader-")]

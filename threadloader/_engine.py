@@ -37,10 +37,12 @@ from ._torch_compat import (
     BaseDataLoaderIter,
     DatasetKind,
     ExceptionWrapper,
+    SingleProcessDataLoaderIter,
     create_fetcher,
     pin_memory,
     warn_iterable_length,
 )
+from .state import EpochStart, ResumePlan, progress_record
 from .stats import LoaderStats, WorkerCounters
 
 #: How long shutdown waits, in total, for threads to finish the user call they
@@ -52,6 +54,8 @@ JOIN_BUDGET_S = 1.0
 #: this is the work (seconds) it aims to take at once.
 _CHUNK_TARGET_S = 200e-6
 _MAX_CHUNK = 64
+#: Times a waiting thread yields the GIL before it sleeps on a condition.
+_SPINS = 20
 
 
 @dataclass
@@ -318,8 +322,17 @@ _MISSING = object()
 class ThreadedLoaderIter(BaseDataLoaderIter):
     """DataLoader's iterator protocol, served by worker threads."""
 
-    def __init__(self, loader: Any) -> None:
+    def __init__(self, loader: Any, plan: ResumePlan | None = None) -> None:
         super().__init__(loader)
+        if plan is not None:
+            # Replay the interrupted epoch: its base seed, then its random
+            # states, so the sampler draws exactly what it drew then.
+            self._base_seed = plan.start.base_seed
+            plan.start.apply(loader)
+            self._epoch_start = plan.start
+        else:
+            self._epoch_start = EpochStart.capture(loader, self._base_seed)
+        self._plan = plan
         self._prefetch_factor = loader.prefetch_factor
         self._in_order = loader.in_order
         if self._num_workers <= 0:
@@ -356,6 +369,8 @@ class ThreadedLoaderIter(BaseDataLoaderIter):
         for thread in self._threads:
             thread.start()
         self._reset(loader, first_iter=True)
+        if plan is not None:
+            self._num_yielded = plan.num_yielded
 
     def __next__(self) -> Any:
         # DataLoader wraps every step in a profiler record_function, even when
@@ -378,7 +393,13 @@ class ThreadedLoaderIter(BaseDataLoaderIter):
 
     # DataLoader's protocol -----------------------------------------------------
     def _reset(self, loader: Any, first_iter: bool = False) -> None:
+        if not first_iter:  # a persistent iterator's next epoch
+            self._plan = None
+            self._epoch_start = EpochStart.capture(loader, self._base_seed)
         super()._reset(loader, first_iter)
+        self._finished = False
+        # Tasks received ahead of _rcvd_idx (in_order=False), for checkpoints.
+        self._consumed_ahead: set[int] = set(self._plan.consumed_extra) if self._plan else set()
         self._send_idx = 0
         self._rcvd_idx = 0
         self._task_info: dict[int, int] = {}  # task -> assigned worker (-1: any)
@@ -404,12 +425,18 @@ class ThreadedLoaderIter(BaseDataLoaderIter):
         max_tasks = self._prefetch_factor * self._num_workers
         if self._tasks_outstanding >= max_tasks:
             raise AssertionError("Number of outstanding tasks exceeded maximum allowed tasks")
-        try:
-            index = self._next_index()
-        except StopIteration:
-            return
+        while True:
+            try:
+                index = self._next_index()
+            except StopIteration:
+                return
+            idx = self._send_idx
+            if self._plan is None or self._is_iterable or not self._plan.skips(idx):
+                break
+            # Received before the checkpoint: skip it without fetching. The
+            # task number stays taken, so later tasks keep their numbers.
+            self._send_idx += 1
         shared = self._shared
-        idx = self._send_idx
         if self._is_iterable:
             for _ in range(self._num_workers):  # the next active worker, as DataLoader picks it
                 worker_id = next(self._worker_queue_idx_cycle)
@@ -452,6 +479,7 @@ class ThreadedLoaderIter(BaseDataLoaderIter):
                     self._task_items.pop(self._rcvd_idx, None)
                 self._rcvd_idx += 1
             else:
+                self._finished = True
                 if not self._persistent_workers:
                     self._shutdown_workers()
                 raise StopIteration
@@ -465,9 +493,13 @@ class ThreadedLoaderIter(BaseDataLoaderIter):
             items = self._task_items.pop(idx, 1)
             if idx == self._rcvd_idx:
                 self._rcvd_idx += 1
+            else:
+                self._consumed_ahead.add(idx)
             if worker_id >= 0:
                 self._workers_num_tasks[worker_id] -= 1
             self._try_put_index()
+            if self._plan is not None and self._is_iterable and self._plan.skips(idx):
+                continue  # an IterableDataset batch received before the checkpoint
             if isinstance(payload, ExceptionWrapper):
                 payload.reraise()
             self._stats.delivered(items)
@@ -483,6 +515,7 @@ class ThreadedLoaderIter(BaseDataLoaderIter):
         timeout = self._timeout if self._timeout > 0 else None
         deadline = None if timeout is None else time.monotonic() + timeout
         t0 = time.perf_counter()
+        spins = 0
         try:
             with shared.lock:
                 while True:
@@ -499,6 +532,17 @@ class ThreadedLoaderIter(BaseDataLoaderIter):
                     elif shared.results:
                         idx = next(iter(shared.results))  # arrival order, as a queue gives
                         return ("data", idx, *shared.results.pop(idx))
+                    if spins < _SPINS:
+                        # Results of cheap samples arrive within microseconds:
+                        # yielding the GIL a few times is far cheaper than a
+                        # sleep/wake round trip through the condition.
+                        spins += 1
+                        shared.lock.release()
+                        try:
+                            time.sleep(0)
+                        finally:
+                            shared.lock.acquire()
+                        continue
                     if deadline is None:
                         shared.result_ready.wait()
                     else:
@@ -518,7 +562,57 @@ class ThreadedLoaderIter(BaseDataLoaderIter):
     def _shutdown_workers(self) -> None:
         self._finalizer()
 
+    def progress(self) -> dict[str, Any] | None:
+        """This epoch's checkpoint record, or None once the epoch is over."""
+        if self._finished:
+            return None
+        extra = [i for i in self._consumed_ahead if i >= self._rcvd_idx]
+        return progress_record(self._epoch_start, self._rcvd_idx, extra, self._num_yielded)
+
     @property
     def stats(self) -> LoaderStats:
         """Counters of this iterator (see :class:`threadloader.stats.LoaderStats`)."""
         return self._stats
+
+
+class ResumableSingleIter(SingleProcessDataLoaderIter):
+    """DataLoader's own ``num_workers=0`` iterator, with checkpoint and resume."""
+
+    def __init__(self, loader: Any, plan: ResumePlan | None = None) -> None:
+        super().__init__(loader)
+        self._finished = False
+        if plan is None:
+            self._epoch_start = EpochStart.capture(loader, self._base_seed)
+        else:
+            self._base_seed = plan.start.base_seed
+            plan.start.apply(loader)
+            self._epoch_start = plan.start
+            self._sampler_iter = iter(self._index_sampler)
+            for _ in range(plan.consumed_prefix):
+                try:
+                    if self._dataset_kind == DatasetKind.Iterable:
+                        self._dataset_fetcher.fetch(self._next_index())  # replicas advance only by reading
+                    else:
+                        self._next_index()
+                except StopIteration:
+                    break
+            self._num_yielded = plan.num_yielded
+        # Samplers draw their randomness on the first index. Draw it now, as
+        # DataLoader's worker iterator does by prefetching, so a checkpoint
+        # taken before the first batch already holds the epoch's draws.
+        first = next(self._sampler_iter, _MISSING)
+        if first is not _MISSING:
+            self._sampler_iter = itertools.chain([first], self._sampler_iter)
+
+    def _next_data(self) -> Any:
+        try:
+            return super()._next_data()
+        except StopIteration:
+            self._finished = True
+            raise
+
+    def progress(self) -> dict[str, Any] | None:
+        """This epoch's checkpoint record, or None once the epoch is over."""
+        if self._finished:
+            return None
+        return progress_record(self._epoch_start, self._num_yielded, [], self._num_yielded)

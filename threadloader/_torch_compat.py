@@ -36,6 +36,7 @@ from torch.utils.data._utils import worker as _worker
 
 __all__ = [
     "BaseDataLoaderIter",
+    "SingleProcessDataLoaderIter",
     "DatasetKind",
     "ExceptionWrapper",
     "WorkerInfo",
@@ -51,6 +52,8 @@ __all__ = [
 #: torch's base iterator: draws the base seed, builds the sampler iterator,
 #: emits pin_memory warnings and the IterableDataset length warning.
 BaseDataLoaderIter = _dl._BaseDataLoaderIter
+#: torch's ``num_workers=0`` iterator (loads in the calling thread).
+SingleProcessDataLoaderIter = _dl._SingleProcessDataLoaderIter
 DatasetKind = _dl._DatasetKind
 WorkerInfo = _worker.WorkerInfo
 

@@ -443,17 +443,18 @@ def compare_loaders(
     warmup: int = 1,
     config: str = "",
     progress: bool = False,
+    baseline: str = "DataLoader",
 ) -> list[dict[str, Any]]:
     """Measure named loaders over worker counts (what the examples print).
 
     Args:
-        factories: name -> ``f(workers)`` building a fresh iterable; the name
-            ``"DataLoader"`` is the baseline of the ``ratio`` column.
+        factories: name -> ``f(workers)`` building a fresh iterable.
         workers: worker counts.
         max_items: items (samples or batches) per timed run, warmup included.
         warmup: items not timed.
         config: label for the ``config`` column.
         progress: show a tqdm bar on stderr.
+        baseline: the name whose img/s is the denominator of ``ratio``.
 
     Returns:
         Rows with the keys of ``COLUMNS``.
@@ -480,7 +481,7 @@ def compare_loaders(
                 bar.update(1)
     finally:
         bar.close()
-    _add_ratios(rows)
+    _add_ratios(rows, baseline)
     return rows
 
 
@@ -514,11 +515,11 @@ def example_data(args: argparse.Namespace) -> tuple[Path, list[int], int, int, i
     return root, args.workers or default_workers(), args.batch_size, args.max_batches, 224
 
 
-def _add_ratios(rows: list[dict[str, Any]]) -> None:
-    base = {(r["config"], r["workers"]): r["img/s"] for r in rows if r["loader"] == "DataLoader"}
+def _add_ratios(rows: list[dict[str, Any]], baseline: str = "DataLoader") -> None:
+    base = {(r["config"], r["workers"]): r["img/s"] for r in rows if r["loader"] == baseline}
     for r in rows:
         b = base.get((r["config"], r["workers"]))
-        if r["loader"] != "DataLoader" and b:
+        if r["loader"] != baseline and b:
             r["ratio"] = round(r["img/s"] / b, 2)
 
 
@@ -678,7 +679,7 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
     mode = "smoke" if args.smoke else "quick" if args.quick else "full"
     defaults = {
         "full": dict(batch_size=32, max_batches=20, workers=default_workers()),
-        "quick": dict(batch_size=32, max_batches=4, workers=[1, 2]),
+        "quick": dict(batch_size=32, max_batches=5, workers=[1, 2]),
         "smoke": dict(batch_size=4, max_batches=2, workers=[1, 2]),
     }[mode]
     configs = list(CONFIGS) if not args.configs else [c.strip() for c in args.configs.split(",") if c.strip()]

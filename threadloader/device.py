@@ -108,6 +108,7 @@ class ImageTransform:
         self.generator = generator
         # scale/bias per (device, channels): computed once, reused every batch.
         self._coeffs: dict[tuple[torch.device, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._rows: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
     @property
     def memory_format(self) -> torch.memory_format:
@@ -143,6 +144,36 @@ class ImageTransform:
             coeffs = self._coeffs[key] = (scale, bias)
         return coeffs
 
+    def _affine(self, x: torch.Tensor, out: torch.Tensor) -> None:
+        """``out = x * scale + bias`` per channel."""
+        n, c, h, w = x.shape
+        scale, bias = self._scale_bias(x.device, c)
+        if x.device.type != "cpu":
+            # One kernel on the device: uint8 is promoted inside addcmul.
+            torch.addcmul(bias, x, scale, out=out)
+            return
+        # On the CPU a mixed-dtype addcmul is not vectorized, and in channels-last
+        # memory a (1, C, 1, 1) broadcast has an innermost run of only C. A
+        # vectorized uint8 -> float copy, then an in-place addcmul over rows of
+        # W * C values with the coefficients tiled along the row, is ~5x faster.
+        out.copy_(x)
+        if out.is_contiguous(memory_format=torch.channels_last) and c > 1 and n * h * w > 0:
+            rows = out.permute(0, 2, 3, 1).view(n * h, w * c)
+            scale_row, bias_row = self._tiled(scale, bias, w)
+            torch.addcmul(bias_row, rows, scale_row, out=rows)
+        else:
+            torch.addcmul(bias, out, scale, out=out)
+
+    def _tiled(self, scale: torch.Tensor, bias: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        # (1, C, 1, 1) coefficients repeated along one NHWC row of W * C values;
+        # a single coefficient (1, 1, 1, 1) broadcasts as it is.
+        key = (scale.shape[1], width)
+        tiled = self._rows.get(key)
+        if tiled is None:
+            reps = width if scale.shape[1] > 1 else 1
+            tiled = self._rows[key] = (scale.flatten().repeat(reps), bias.flatten().repeat(reps))
+        return tiled
+
     def __call__(self, x: torch.Tensor, flips: torch.Tensor | None = None) -> torch.Tensor:
         """Convert one ``(N, C, H, W)`` uint8 batch; never modifies ``x``.
 
@@ -160,20 +191,23 @@ class ImageTransform:
         """
         if x.dtype != torch.uint8 or x.dim() != 4:
             raise ValueError(f"expected a (N, C, H, W) uint8 tensor, got {x.dtype} {tuple(x.shape)}")
-        if self.dtype is None:
-            out = x.contiguous(memory_format=self.memory_format)
-            if out is x and flips is not None and flips.numel():
-                out = out.clone(memory_format=self.memory_format)
-        else:
-            scale, bias = self._scale_bias(x.device, x.shape[1])
-            out = torch.empty(x.shape, dtype=self.dtype, device=x.device, memory_format=self.memory_format)
-            # One kernel: uint8 is promoted inside addcmul, no float copy of x.
-            torch.addcmul(bias, x, scale, out=out)
         if flips is not None and flips.numel():
-            # index_select/index_copy_ on precomputed indices: no boolean-mask
-            # indexing, hence no device-to-host sync on CUDA.
-            flips = flips.to(out.device, non_blocking=True)
-            out.index_copy_(0, flips, out.index_select(0, flips).flip(-1))
+            # Mirror the uint8 pixels before conversion: 4x fewer bytes than
+            # flipping floats. Index lists (not boolean masks) avoid a
+            # device-to-host sync on CUDA. Works on a copy: x is never modified.
+            flipped = x.clone()
+            if x.device.type == "cpu":
+                # index_copy_ is not vectorized on the CPU; per-sample copies are ~10x faster.
+                for i in flips.tolist():
+                    flipped[i].copy_(x[i].flip(-1))
+            else:
+                flips = flips.to(x.device, non_blocking=True)
+                flipped.index_copy_(0, flips, x.index_select(0, flips).flip(-1))
+            x = flipped
+        if self.dtype is None:
+            return x.contiguous(memory_format=self.memory_format)
+        out = torch.empty(x.shape, dtype=self.dtype, device=x.device, memory_format=self.memory_format)
+        self._affine(x, out)
         return out
 
 

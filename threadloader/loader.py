@@ -6,8 +6,11 @@ from typing import Any, Callable, Iterable
 
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+import weakref
+
+from . import state as _state
 from . import worker as _worker  # noqa: F401 - installs thread-aware worker info
-from ._engine import ThreadedLoaderIter
+from ._engine import ResumableSingleIter, ThreadedLoaderIter
 from .stats import LoaderStats
 
 __all__ = ["ThreadDataLoader"]
@@ -71,12 +74,30 @@ class ThreadDataLoader(DataLoader):
             pin_memory_device=pin_memory_device,
             in_order=in_order,
         )
+        self._resume_plan: _state.ResumePlan | None = None
+        self._pending_plan: _state.ResumePlan | None = None
+        self._live_iterator: weakref.ref | None = None
+
+    def __iter__(self):
+        plan, self._resume_plan = self._resume_plan, None
+        if plan is None:
+            it = super().__iter__()
+        else:
+            self._pending_plan = plan
+            try:
+                with _state.isolated_rng(self):
+                    it = super().__iter__()
+            finally:
+                self._pending_plan = None
+        self._live_iterator = weakref.ref(it)
+        return it
 
     def _get_iterator(self):
+        plan = self._pending_plan
         if self.num_workers == 0:
-            return super()._get_iterator()
+            return ResumableSingleIter(self, plan)
         self.check_worker_number_rationality()
-        it = ThreadedLoaderIter(self)
+        it = ThreadedLoaderIter(self, plan)
         # Keep the counters, not the iterator: holding the iterator would keep
         # its threads alive after the user dropped it.
         self._last_stats = it.stats
@@ -91,3 +112,41 @@ class ThreadDataLoader(DataLoader):
             worker utilisation.
         """
         return getattr(self, "_last_stats", None)
+
+    # --- checkpointing --------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The loader's position, for resuming after preemption.
+
+        Call it between batches. It records the current epoch's random state at
+        its start and which batches the consumer has received (batches that
+        were prefetched but not yet received are *not* counted: after resume
+        they are produced again, so none is lost). The dict holds plain values
+        and CPU tensors: ``torch.save`` writes it.
+
+        With ``in_order=False`` the received batches are recorded one by one,
+        so resume skips exactly those; what cannot be promised is the *order*
+        in which the remaining ones arrive (it never could).
+
+        Returns:
+            A dict for :meth:`load_state_dict` of a loader built with the same
+            arguments.
+        """
+        it = self._live_iterator() if self._live_iterator is not None else None
+        progress = it.progress() if it is not None and hasattr(it, "progress") else None
+        return _state.make_state(self, progress)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict`: the next ``iter()`` yields the rest of that epoch.
+
+        Later epochs continue as in the uninterrupted run. When the loader has
+        no ``generator``, shuffling draws from torch's global RNG, so this also
+        restores the global RNG to its state at checkpoint time.
+
+        Raises:
+            ValueError: ``state_dict`` is not a ThreadDataLoader state.
+        """
+        plan = _state.plan_from_state(self, state_dict)
+        if self._iterator is not None:  # a persistent iterator of an older position
+            self._iterator._shutdown_workers()
+            self._iterator = None
+        self._resume_plan = plan

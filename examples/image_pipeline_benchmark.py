@@ -1,0 +1,137 @@
+"""ImageNet-style input pipeline: DataLoader vs ThreadDataLoader vs decode_image.
+
+Runs, on one generated ImageFolder (see threadloader.datagen), in one process:
+
+1. DataLoader (worker processes) + ImageFolder + Resize((S, S)) + PILToTensor
+2. the same code with the class swapped to ThreadDataLoader
+3. ThreadDataLoader + decode_image(size=(S, S)) + frame_collate
+4. DataLoader (processes) + decode_image + frame_collate (same kernel as 3)
+5. kernel bound: workers x single-thread decode+resize rate, measured here
+6. RandomResizedCrop: torchvision (PIL decode + crop + resize) vs
+   RandomResizedCropLoader (crop chosen from the header, DCT-scaled decode),
+   single thread.
+
+    python examples/image_pipeline_benchmark.py --workers 2 --batches 25
+
+Importable: ``main(argv)`` returns the table rows (a smoke test runs it on
+tiny data with ``--quick``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import torch
+import torchvision.transforms as T
+from torch.utils.data import DataLoader
+from torchvision.datasets import ImageFolder
+
+from threadloader import ThreadDataLoader, frame_collate
+from threadloader.datagen import make_imagenet_like
+from threadloader.io import RandomResizedCropLoader, decode_image
+
+
+def _rate(loader: Iterable, batches: int, batch_size: int, warmup: int = 2) -> float:
+    """Images per second over ``batches`` batches after ``warmup`` batches."""
+    it = iter(loader)
+    for _ in range(warmup):
+        next(it)
+    start = time.perf_counter()
+    n = 0
+    for _ in range(batches):
+        x = next(it)[0]
+        n += x.shape[0]
+    rate = n / (time.perf_counter() - start)
+    del it  # shut the workers down before the next contender starts
+    return rate
+
+
+def _kernel_rate(paths: list[Path], fn: Callable[[Path], Any], seconds: float) -> float:
+    """Single-thread images per second of ``fn`` over ``paths`` (cycled)."""
+    n, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        fn(paths[n % len(paths)])
+        n += 1
+    return n / (time.perf_counter() - start)
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    """Run the benchmark; print and return the rows."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--batches", type=int, default=25, help="timed batches per contender")
+    p.add_argument("--size", type=int, default=224)
+    p.add_argument("--data", type=Path, default=Path("~/.cache/threadloader/image-pipeline-benchmark").expanduser(),
+                   help="where the generated ImageFolder is cached (its own folder: ImageFolder takes every subfolder as a class)")
+    p.add_argument("--images-per-class", type=int, default=100)
+    p.add_argument("--quick", action="store_true", help="tiny data and few batches (smoke test)")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.batches, args.batch_size, args.images_per_class, args.size = 2, 4, 4, 32
+
+    root = make_imagenet_like(args.data, num_classes=10, images_per_class=args.images_per_class,
+                              size=(60, 80) if args.quick else (375, 500))
+    s, bs, nw = args.size, args.batch_size, args.workers
+    paths = sorted(root.rglob("*.JPEG"))
+    common = dict(batch_size=bs, shuffle=True, num_workers=nw, drop_last=True)
+    pil_ds = ImageFolder(root, transform=T.Compose([T.Resize((s, s)), T.PILToTensor()]))
+    frame_ds = ImageFolder(root, loader=functools.partial(decode_image, size=(s, s)))
+    need = (args.batches + 2) * bs
+    if len(pil_ds) < need:
+        raise SystemExit(f"need {need} images for {args.batches} batches; raise --images-per-class")
+
+    rows: list[dict[str, Any]] = []
+
+    def add(key: str, name: str, rate: float) -> None:
+        rows.append(dict(key=key, name=name, img_per_s=rate))
+        print(f"  {key}. {name:<62} {rate:8.1f} img/s", flush=True)
+
+    print(f"data: {root} ({len(paths)} images), workers={nw}, batch={bs}, size={s}, "
+          f"cpus={os.cpu_count()}, torch threads={torch.get_num_threads()}")
+    add("1", "DataLoader + PIL Resize + PILToTensor (processes)", _rate(DataLoader(pil_ds, **common), args.batches, bs))
+    add("2", "ThreadDataLoader, same code", _rate(ThreadDataLoader(pil_ds, **common), args.batches, bs))
+    add("3", "ThreadDataLoader + decode_image + frame_collate",
+        _rate(ThreadDataLoader(frame_ds, collate_fn=frame_collate, **common), args.batches, bs))
+    add("4", "DataLoader + decode_image + frame_collate (processes)",
+        _rate(DataLoader(frame_ds, collate_fn=frame_collate, **common), args.batches, bs))
+    secs = 0.3 if args.quick else 3.0
+    prev = torch.get_num_threads()
+    torch.set_num_threads(1)  # a single-thread kernel rate, as one worker process runs it
+    try:
+        one = _kernel_rate(paths, lambda q: decode_image(q, size=(s, s)), secs)
+        rrc_tv = T.RandomResizedCrop(s)
+        tv = _kernel_rate(paths, lambda q: T.functional.pil_to_tensor(rrc_tv(Image_open_rgb(q))), secs)
+        ours = _kernel_rate(paths, RandomResizedCropLoader(s), secs)
+        full = _kernel_rate(paths, RandomResizedCropLoader(s, reducing_gap=None), secs)
+    finally:
+        torch.set_num_threads(prev)
+    add("5", f"kernel bound: {nw} x single-thread decode_image(size) ({one:.0f}/s)", nw * one)
+    add("6a", "RandomResizedCrop, torchvision on PIL (1 thread)", tv)
+    add("6b", "RandomResizedCropLoader, full decode (1 thread)", full)
+    add("6c", "RandomResizedCropLoader, DCT-scaled decode (1 thread)", ours)
+
+    r = {row["key"]: row["img_per_s"] for row in rows}
+    print("ratios (target):")
+    for a, b, target in [("3", "1", 2.0), ("2", "1", 1.0), ("3", "5", 0.85), ("3", "4", 1.0), ("6c", "6a", None)]:
+        ratio = r[a] / r[b]
+        rows.append(dict(key=f"{a}/{b}", name="ratio", img_per_s=ratio))
+        goal = f">= {target:.2f}  {'ok' if ratio >= target else 'MISSED'}" if target else ""
+        print(f"  {a}/{b}: {ratio:5.2f}  {goal}")
+    return rows
+
+
+def Image_open_rgb(path: Path):  # noqa: N802 - torchvision's pil_loader, inlined
+    from PIL import Image
+
+    with open(path, "rb") as f:
+        return Image.open(f).convert("RGB")
+
+
+if __name__ == "__main__":
+    main()

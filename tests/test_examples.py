@@ -1,0 +1,91 @@
+"""Every example runs in smoke mode on tiny generated data and returns its rows."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def load(relative: str) -> ModuleType:
+    path = EXAMPLES / relative
+    name = "example_" + path.stem
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # process workers (fork) may pickle its classes
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("tl-examples-cache")
+
+
+def run(relative: str, cache_dir: Path, *extra: str) -> list[dict]:
+    rows = load(relative).main(["--smoke", "--cache-dir", str(cache_dir), *extra])
+    assert rows, relative
+    return rows
+
+
+@pytest.mark.parametrize(
+    "relative", ["migration/step1_swap_import.py", "migration/step2_batching.py", "migration/step3_frames.py"]
+)
+def test_migration_steps(relative: str, cache_dir: Path, capsys: pytest.CaptureFixture) -> None:
+    rows = run(relative, cache_dir, "--workers", "1,2")
+    assert [(r["workers"], r["loader"]) for r in rows] == [
+        (1, "DataLoader"), (1, "ThreadDataLoader"), (2, "DataLoader"), (2, "ThreadDataLoader")
+    ]
+    assert all(r["img/s"] > 0 for r in rows)
+    assert all(r["ratio"] > 0 for r in rows if r["loader"] == "ThreadDataLoader")
+    assert "ThreadDataLoader" in capsys.readouterr().out
+
+
+def test_multi_thread_preprocessing(cache_dir: Path) -> None:
+    import torch
+
+    rows = run("multi_thread_preprocessing.py", cache_dir, "--workers", "1")
+    assert len(rows) == (4 if torch.cuda.is_available() else 3) * 2
+    assert {"config", "workers", "loader", "img/s", "ratio"} <= set(rows[0])
+
+
+def test_data_formats(cache_dir: Path) -> None:
+    mod = load("data_formats.py")
+    rows = run("data_formats.py", cache_dir, "--workers", "1")
+    assert [(r["format"], r["decoder"]) for r in rows[::2]] == list(mod.PAIRS)
+    assert {r["loader"] for r in rows} == {"DataLoader", "ThreadDataLoader"}
+    assert all(r["samples/s"] > 0 for r in rows)
+
+
+def test_data_formats_loaders_agree(cache_dir: Path) -> None:
+    mod = load("data_formats.py")
+    files = mod.write_samples(cache_dir / "agree", 1, 16, 12)
+    expected = mod.make_sample(0, 16, 12)
+    for fmt, name in mod.PAIRS:
+        sample = mod.DECODERS[(fmt, name)]([p.read_bytes() for p in files[fmt][0]])
+        for key in ("image", "label"):
+            assert (sample[key].numpy() == expected[key]).all(), (fmt, name, key)
+
+
+def test_decode_and_crop(cache_dir: Path) -> None:
+    rows = run("decode_and_crop.py", cache_dir, "--workers", "1")
+    methods = {r["method"] for r in rows}
+    assert len(methods) == 2
+    assert all(r["img/s"] > 0 for r in rows)
+
+
+def test_gpu_preprocessing(cache_dir: Path, capsys: pytest.CaptureFixture) -> None:
+    import torch
+
+    rows = run("gpu_preprocessing.py", cache_dir, "--workers", "1")
+    assert [r["loader"] for r in rows] == ["DataLoader", "threads+cpu-normalize", "threads+to_device"]
+    assert all(r["img/s"] > 0 for r in rows)
+    if not torch.cuda.is_available():
+        assert rows[0]["device"] == "cpu"
+        assert "CPU fallback" in capsys.readouterr().out

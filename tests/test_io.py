@@ -1,0 +1,433 @@
+"""decode_image, RandomResizedCropLoader, load_npy/load_npz against PIL/torchvision/NumPy."""
+
+from __future__ import annotations
+
+import functools
+import io
+import zipfile
+
+import numpy as np
+import pytest
+import simplejpeg
+import torch
+import torchvision.transforms as T
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+from PIL import Image
+
+from threadloader import Frame, frame_collate
+from threadloader.datagen import photo_like_image
+from threadloader.io import (
+    ImageDecodeError,
+    RandomResizedCropLoader,
+    decode_image,
+    image_size,
+    load_npy,
+    load_npz,
+    random_resized_crop_params,
+)
+
+
+def smooth_image(h: int, w: int, seed: int = 0) -> np.ndarray:
+    """Photo-like pixels with real-photo smoothness (synthetic detail scaled up 4x)."""
+    small = photo_like_image(max(2, h // 4), max(2, w // 4), seed)
+    return np.array(Image.fromarray(small).resize((w, h), Image.BICUBIC))
+
+
+def encode(pixels: np.ndarray, fmt: str, mode: str | None = None, **kw) -> bytes:
+    im = Image.fromarray(pixels)
+    if mode:
+        im = im.convert(mode)
+    buf = io.BytesIO()
+    im.save(buf, fmt, **kw)
+    return buf.getvalue()
+
+
+def pil_rgb(data: bytes) -> Image.Image:
+    return Image.open(io.BytesIO(data)).convert("RGB")
+
+
+def diff(a: torch.Tensor, b: torch.Tensor) -> tuple[int, float]:
+    d = (a.int() - b.int()).abs()
+    return int(d.max()), float(d.float().mean())
+
+
+@pytest.fixture(scope="module")
+def rgb() -> np.ndarray:
+    return smooth_image(120, 160, seed=1)
+
+
+@pytest.fixture(scope="module")
+def jpeg(rgb) -> bytes:
+    return simplejpeg.encode_jpeg(rgb, quality=90)
+
+
+# --- exact decode ----------------------------------------------------------------
+
+def test_jpeg_decode_matches_simplejpeg_and_pil(jpeg) -> None:
+    f = decode_image(jpeg)
+    assert isinstance(f, Frame) and f.shape == (120, 160, 3)
+    assert np.array_equal(f.numpy(), simplejpeg.decode_jpeg(jpeg))
+    m, mean = diff(f.to_tensor(), T.PILToTensor()(pil_rgb(jpeg)))
+    assert m <= 2 and mean < 0.1
+
+
+@pytest.mark.parametrize("fmt,mode", [
+    ("PNG", "RGB"), ("PNG", "L"), ("PNG", "P"), ("PNG", "RGBA"), ("PNG", "LA"), ("PNG", "I;16"),
+    ("BMP", "RGB"), ("GIF", "P"), ("TIFF", "CMYK"), ("WEBP", "RGB"),
+])
+def test_pillow_formats_bit_identical_to_pil_loader(rgb, fmt, mode, tmp_path) -> None:
+    kw = {"lossless": True} if fmt == "WEBP" else {}
+    data = encode(rgb, fmt, mode, **kw)
+    f = decode_image(data)
+    assert f.shape == (120, 160, 3)
+    assert np.array_equal(f.numpy(), np.asarray(pil_rgb(data)))
+
+
+@pytest.mark.parametrize("mode", ["L", "CMYK"])
+def test_grey_and_cmyk_jpeg(rgb, mode) -> None:
+    data = encode(rgb, "JPEG", mode, quality=92)
+    f = decode_image(data)
+    assert f.shape == (120, 160, 3)
+    m, mean = diff(f.to_tensor(), T.PILToTensor()(pil_rgb(data)))
+    assert m <= 2 and mean < 0.1
+    if mode == "L":  # grey replicated into R, G, B
+        assert np.array_equal(f.numpy()[..., 0], f.numpy()[..., 2])
+
+
+def test_bytes_path_memoryview_identical(tmp_path, jpeg) -> None:
+    p = tmp_path / "a.jpg"
+    p.write_bytes(jpeg)
+    a = decode_image(p, size=(50, 70)).numpy()
+    for src in (str(p), jpeg, bytearray(jpeg), memoryview(jpeg), np.frombuffer(jpeg, np.uint8)):
+        assert np.array_equal(decode_image(src, size=(50, 70)).numpy(), a)
+
+
+# --- resize ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("size", [(224, 224), (64, 64), (100, 40), (37, 200), 96])
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG"])
+def test_resize_matches_torchvision_resize(rgb, fmt, size) -> None:
+    data = simplejpeg.encode_jpeg(rgb, quality=90) if fmt == "JPEG" else encode(rgb, "PNG")
+    f = decode_image(data, size=size, reducing_gap=None)
+    hw = (size, size) if isinstance(size, int) else size
+    ref = T.PILToTensor()(T.Resize(hw)(pil_rgb(data)))
+    assert f.shape == (*hw, 3)
+    m, mean = diff(f.to_tensor(), ref)
+    assert m <= 3 and mean < 0.5
+
+
+def test_dct_scaled_resize_close_to_full(tmp_path) -> None:
+    big = smooth_image(600, 800, seed=2)
+    data = simplejpeg.encode_jpeg(big, quality=90)
+    ref = T.PILToTensor()(T.Resize((64, 96))(pil_rgb(data)))
+    # reducing_gap=1 trades accuracy for speed (the last resize is nearly 1:1).
+    for gap, (max_limit, mean_limit) in ((1.0, (24, 3.0)), (2.0, (16, 1.5))):
+        m, mean = diff(decode_image(data, size=(64, 96), reducing_gap=gap).to_tensor(), ref)
+        assert mean < mean_limit and m <= max_limit, (gap, m, mean)
+    exact = decode_image(data, size=(64, 96), reducing_gap=None).to_tensor()
+    assert diff(exact, ref)[0] <= 3
+
+
+# --- crops -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("crop,size", [((10, 20, 60, 90), None), ((0, 0, 120, 160), (30, 40)),
+                                       ((33, 7, 51, 77), (20, 20)), ((5, 150, 100, 10), (50, 5))])
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG"])
+def test_crop_equals_full_decode_then_crop(rgb, crop, size, fmt) -> None:
+    data = simplejpeg.encode_jpeg(rgb, quality=90) if fmt == "JPEG" else encode(rgb, "PNG")
+    top, left, h, w = crop
+    full = decode_image(data).numpy()
+    got = decode_image(data, crop=crop, size=size, reducing_gap=None).numpy()
+    if size is None:
+        assert np.array_equal(got, full[top:top + h, left:left + w])
+    else:
+        ref = T.PILToTensor()(T.Resize(size)(Image.fromarray(full[top:top + h, left:left + w])))
+        m, mean = diff(torch.from_numpy(got).permute(2, 0, 1), ref)
+        assert m <= 3 and mean < 0.5
+
+
+def test_crop_with_dct_scaling_close_to_full_decode_crop() -> None:
+    data = simplejpeg.encode_jpeg(smooth_image(600, 800, seed=3), quality=90)
+    full = Image.fromarray(decode_image(data).numpy())
+    for crop, size in [((40, 80, 400, 480), (48, 48)), ((0, 0, 600, 800), (70, 90)), ((17, 33, 301, 377), (40, 50))]:
+        top, left, h, w = crop
+        ref = T.PILToTensor()(T.Resize(size)(full.crop((left, top, left + w, top + h))))
+        m, mean = diff(decode_image(data, crop=crop, size=size, reducing_gap=2.0).to_tensor(), ref)
+        # Odd crop edges fall mid-way between 1/2-scale pixels (rounded): a
+        # shift of <= 1/4 output pixel on top of the DCT filter difference.
+        assert mean < 2.0 and m <= 16, (crop, m, mean)
+
+
+def test_crop_outside_image_raises(jpeg) -> None:
+    for crop in [(0, 0, 121, 10), (-1, 0, 5, 5), (0, 150, 10, 11), (0, 0, 0, 5)]:
+        with pytest.raises(ValueError, match="does not fit"):
+            decode_image(jpeg, crop=crop)
+    with pytest.raises(ValueError, match="does not fit"):
+        decode_image(encode(np.zeros((8, 8, 3), np.uint8), "PNG"), crop=(0, 0, 9, 9))
+
+
+def test_random_resized_crop_params_match_torchvision() -> None:
+    img = torch.zeros(3, 375, 500)
+    for seed in range(20):
+        torch.manual_seed(seed)
+        ref = T.RandomResizedCrop.get_params(img, [0.08, 1.0], [3 / 4, 4 / 3])
+        torch.manual_seed(seed)
+        assert random_resized_crop_params(375, 500) == ref
+    # Fallback path (impossible aspect ratio) matches too.
+    torch.manual_seed(0)
+    ref = T.RandomResizedCrop.get_params(torch.zeros(3, 10, 500), [0.9, 1.0], [1.0, 1.0])
+    torch.manual_seed(0)
+    assert random_resized_crop_params(10, 500, (0.9, 1.0), (1.0, 1.0)) == ref
+
+
+@pytest.mark.parametrize("gap", [None, 1.0, 2.0])
+def test_random_resized_crop_loader_equals_full_decode_crop_resize(gap) -> None:
+    data = simplejpeg.encode_jpeg(smooth_image(600, 800, seed=4), quality=90)
+    full = Image.fromarray(decode_image(data).numpy())
+    loader = RandomResizedCropLoader(64, generator=torch.Generator().manual_seed(0), reducing_gap=gap)
+    for _ in range(8):
+        f, (top, left, h, w) = loader.sample(data)
+        assert f.shape == (64, 64, 3)
+        ref = T.PILToTensor()(T.Resize((64, 64))(full.crop((left, top, left + w, top + h))))
+        m, mean = diff(f.to_tensor(), ref)
+        limit = {None: (3, 0.5), 1.0: (24, 3.0), 2.0: (16, 1.5)}[gap]
+        assert m <= limit[0] and mean < limit[1], (gap, (top, left, h, w), m, mean)
+
+
+def test_random_resized_crop_loader_generator_and_png(rgb) -> None:
+    png = encode(rgb, "PNG")
+    a = RandomResizedCropLoader((32, 48), generator=torch.Generator().manual_seed(5))
+    b = RandomResizedCropLoader((32, 48), generator=torch.Generator().manual_seed(5))
+    fa, ca = a.sample(png)
+    fb, cb = b.sample(png)
+    assert ca == cb and np.array_equal(fa.numpy(), fb.numpy()) and fa.shape == (32, 48, 3)
+    # Without a generator outside worker threads: torchvision's global-RNG draws.
+    torch.manual_seed(3)
+    _, crop = RandomResizedCropLoader(16).sample(png)
+    torch.manual_seed(3)
+    assert crop == T.RandomResizedCrop.get_params(torch.zeros(3, 120, 160), [0.08, 1.0], [3 / 4, 4 / 3])
+
+
+def test_image_size(jpeg, rgb) -> None:
+    assert image_size(jpeg) == (120, 160)
+    assert image_size(encode(rgb, "PNG")) == (120, 160)
+
+
+# --- bad input -------------------------------------------------------------------
+
+def test_missing_file_names_path(tmp_path) -> None:
+    p = tmp_path / "nope.jpg"
+    with pytest.raises(FileNotFoundError, match="nope.jpg"):
+        decode_image(p)
+    with pytest.raises(FileNotFoundError, match="nope.jpg"):
+        RandomResizedCropLoader(8)(str(p))
+
+
+def _bad_inputs(jpeg: bytes, png: bytes) -> dict[str, tuple[bytes, str]]:
+    corrupt = bytearray(jpeg)
+    corrupt[len(jpeg) // 2:len(jpeg) // 2 + 64] = b"\x00" * 64
+    return {
+        "empty": (b"", "empty"),
+        "text": (b"hello, I am not an image", "not an image"),
+        "jpeg_truncated_half": (jpeg[: len(jpeg) // 2], "truncated"),
+        "jpeg_truncated_eoi": (jpeg[:-2], "truncated"),
+        "jpeg_header_only": (jpeg[:20], "JPEG"),
+        "jpeg_corrupt": (bytes(corrupt), "JPEG"),
+        "png_truncated": (png[: len(png) // 2], "truncated"),
+        "png_no_iend": (png[:-12], "truncated"),
+        "png_header_only": (png[:30], ""),
+    }
+
+
+@pytest.mark.parametrize("case", list(_bad_inputs(b"x" * 100, b"y" * 100)))
+def test_bad_input_errors_name_source_and_reason(case, jpeg, rgb, tmp_path) -> None:
+    data, reason = _bad_inputs(jpeg, encode(rgb, "PNG"))[case]
+    p = tmp_path / f"{case}.img"
+    p.write_bytes(data)
+    for src, name in [(p, str(p)), (data, f"<bytes of length {len(data)}>")]:
+        for call in (decode_image, functools.partial(decode_image, size=(8, 8)), RandomResizedCropLoader(8)):
+            with pytest.raises(ImageDecodeError) as info:
+                call(src)
+            msg = str(info.value)
+            assert name in msg and reason in msg, msg
+            assert isinstance(info.value, ValueError)
+
+
+def test_truncated_png_detected_even_with_load_truncated_images(rgb, monkeypatch) -> None:
+    from PIL import ImageFile
+
+    monkeypatch.setattr(ImageFile, "LOAD_TRUNCATED_IMAGES", True)
+    png = encode(rgb, "PNG")
+    with pytest.raises(ImageDecodeError, match="truncated"):
+        decode_image(png[: len(png) // 2])
+    cmyk = encode(rgb, "JPEG", "CMYK")
+    with pytest.raises(ImageDecodeError, match="truncated"):
+        decode_image(cmyk[: len(cmyk) // 2])
+
+
+def test_bad_arguments(jpeg) -> None:
+    with pytest.raises(TypeError):
+        decode_image(12345)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        decode_image(jpeg, size=(0, 5))
+
+
+# --- ImageFolder through loaders ----------------------------------------------------
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    from threadloader.datagen import make_imagenet_like
+
+    return make_imagenet_like(tmp_path_factory.mktemp("inet"), num_classes=3, images_per_class=5,
+                              size=(60, 80))
+
+
+def test_imagefolder_with_decode_image_matches_pil_pipeline(folder) -> None:
+    from torchvision.datasets import ImageFolder
+
+    ours = ImageFolder(folder, loader=functools.partial(decode_image, size=(32, 32)))
+    ref = ImageFolder(folder, transform=T.Compose([T.Resize((32, 32)), T.PILToTensor()]))
+    for i in range(len(ours)):
+        (f, y), (t, y2) = ours[i], ref[i]
+        assert y == y2
+        m, mean = diff(f.to_tensor(), t)
+        assert m <= 3 and mean < 0.5
+
+
+def test_imagefolder_thread_loader_matches_dataloader(folder) -> None:
+    loader_mod = pytest.importorskip("threadloader.loader", reason="ThreadDataLoader not written yet")
+    from torch.utils.data import DataLoader
+    from torchvision.datasets import ImageFolder
+
+    ds = ImageFolder(folder, loader=functools.partial(decode_image, size=(32, 32)))
+    ours = loader_mod.ThreadDataLoader(ds, batch_size=4, shuffle=True, num_workers=2,
+                                       collate_fn=frame_collate, generator=torch.Generator().manual_seed(7))
+    ref = DataLoader(ds, batch_size=4, shuffle=True, num_workers=0, collate_fn=frame_collate,
+                     generator=torch.Generator().manual_seed(7))
+    got, want = list(ours), list(ref)
+    assert len(got) == len(want) == 4
+    for (x, y), (x2, y2) in zip(got, want):
+        assert torch.equal(y, y2) and torch.equal(x, x2)
+        assert x.shape[1:] == (3, 32, 32) and x.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_frame_collate_in_dataloader_worker_process(folder) -> None:
+    from torch.utils.data import DataLoader
+    from torchvision.datasets import ImageFolder
+
+    ds = ImageFolder(folder, loader=functools.partial(decode_image, size=(16, 16)))
+    got = list(DataLoader(ds, batch_size=8, num_workers=1, collate_fn=frame_collate))
+    want = list(DataLoader(ds, batch_size=8, num_workers=0, collate_fn=frame_collate))
+    for (x, y), (x2, y2) in zip(got, want):
+        assert torch.equal(x, x2) and torch.equal(y, y2)
+
+
+# --- NumPy files -------------------------------------------------------------------
+
+_dtypes = st.one_of(
+    hnp.integer_dtypes(endianness="="), hnp.unsigned_integer_dtypes(endianness=">"),
+    hnp.floating_dtypes(endianness="<"), hnp.complex_number_dtypes(), hnp.boolean_dtypes(),
+    st.just(np.dtype([("a", "<i4"), ("b", ">f8")])), hnp.byte_string_dtypes(min_len=1, max_len=4),
+)
+_arrays = _dtypes.flatmap(lambda dt: hnp.arrays(dt, hnp.array_shapes(min_dims=0, max_dims=4, min_side=0, max_side=5)))
+
+
+def _npy(arr: np.ndarray, version: tuple[int, int] | None = None) -> bytes:
+    buf = io.BytesIO()
+    if version is None:
+        np.save(buf, arr)
+    else:
+        np.lib.format.write_array(buf, arr, version=version)
+    return buf.getvalue()
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> None:
+    assert a.dtype == b.dtype and a.shape == b.shape
+    # Byte comparison: exact, and NaN-safe for floats inside structured dtypes.
+    assert np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes()
+
+
+@settings(max_examples=60, deadline=None)
+@given(arr=_arrays, fortran=st.booleans(), version=st.sampled_from([None, (1, 0), (2, 0), (3, 0)]))
+def test_load_npy_matches_numpy(arr, fortran, version) -> None:
+    if fortran:
+        arr = np.asfortranarray(arr)
+    data = _npy(arr, version)
+    got = load_npy(data)
+    _same(got, np.load(io.BytesIO(data)))
+    if got.size:
+        assert np.shares_memory(got, np.frombuffer(data, np.uint8))
+        assert not got.flags.writeable
+    w = load_npy(bytearray(data))
+    _same(w, arr)
+    assert w.flags.writeable or w.size == 0
+
+
+@settings(max_examples=30, deadline=None)
+@given(arrs=st.dictionaries(st.from_regex(r"[a-z][a-z0-9_]{0,6}", fullmatch=True), _arrays, max_size=4),
+       compressed=st.booleans())
+def test_load_npz_matches_numpy(arrs, compressed) -> None:
+    buf = io.BytesIO()
+    (np.savez_compressed if compressed else np.savez)(buf, **arrs)
+    data = buf.getvalue()
+    got = load_npz(data)
+    with np.load(io.BytesIO(data)) as ref:
+        assert set(got) == set(ref.files) == set(arrs)
+        for k in arrs:
+            _same(got[k], ref[k])
+            if not compressed and got[k].size:
+                assert np.shares_memory(got[k], np.frombuffer(data, np.uint8))
+
+
+def test_load_npz_mixed_members_and_non_npy() -> None:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr(zipfile.ZipInfo("a.npy"), _npy(np.arange(6).reshape(2, 3)), zipfile.ZIP_STORED)
+        z.writestr("b.npy", _npy(np.ones((4, 4), ">f4")), zipfile.ZIP_DEFLATED)
+        z.writestr("notes.txt", b"hi")
+    got = load_npz(buf.getvalue())
+    _same(got["a"], np.arange(6).reshape(2, 3))
+    _same(got["b"], np.ones((4, 4), ">f4"))
+    assert got["notes.txt"] == b"hi"
+
+
+def test_load_npy_errors() -> None:
+    good = _npy(np.arange(10, dtype=np.int64))
+    cases = {
+        b"": "not an NPY file",
+        b"PK\x03\x04" + good[4:]: "not an NPY file",
+        good[:8]: "not an NPY file",
+        good[:20]: "truncated NPY header",
+        good[:-1]: "truncated NPY data",
+        good[:6] + b"\x04\x00" + good[8:]: "unsupported NPY format version",
+        good.replace(b"'descr'", b"'descX'"): "malformed NPY header",
+        good.replace(b"<i8", b"<zz"): "bad descr",
+        good.replace(b"(10,)", b"(-1,)"): "bad shape",
+        good.replace(b"False", b"0    "): "bad fortran_order",
+        good.replace(b"{'descr'", b"[('descr'"): "malformed NPY header",
+    }
+    for data, msg in cases.items():
+        with pytest.raises(ValueError, match=msg):
+            load_npy(data)
+    with pytest.raises(ValueError, match="pickle"):
+        load_npy(_npy(np.array([1, "a", None], dtype=object)))
+    with pytest.raises(TypeError):
+        load_npy(12)  # type: ignore[arg-type]
+
+
+def test_load_npz_errors() -> None:
+    buf = io.BytesIO()
+    np.savez(buf, a=np.arange(1000))
+    data = buf.getvalue()
+    with pytest.raises(ValueError, match="not a zip"):
+        load_npz(b"hello")
+    with pytest.raises(ValueError, match="not a zip|truncated"):
+        load_npz(data[:-30])
+    buf = io.BytesIO()
+    np.savez_compressed(buf, a=np.arange(1000))
+    bad = bytearray(buf.getvalue())
+    bad[60:80] = b"\xff" * 20  # inside the deflate stream
+    with pytest.raises(ValueError, match="'a.npy'"):
+        load_npz(bytes(bad))

@@ -1,0 +1,227 @@
+"""state_dict / load_state_dict: exact mid-epoch resume."""
+
+from __future__ import annotations
+
+import collections
+import io
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from torch.utils.data import DistributedSampler, IterableDataset, RandomSampler, Sampler
+
+from threadloader import ThreadDataLoader
+
+from helpers import Sharded, Squares, to_list
+
+EPOCHS = 3
+
+
+def roundtrip(sd):
+    """What a checkpoint file gives back."""
+    buf = io.BytesIO()
+    torch.save(sd, buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=True)
+
+
+def uninterrupted(make, epochs=EPOCHS, before_epoch=None):
+    torch.manual_seed(0)
+    loader = make()
+    out = []
+    for e in range(epochs):
+        if before_epoch:
+            before_epoch(loader, e)
+        out.append(to_list(loader))
+    return out
+
+
+def interrupted(make, stop_epoch, stop_batch, epochs=EPOCHS, before_epoch=None):
+    """Run until batch ``stop_batch`` of ``stop_epoch`` is received, checkpoint, resume in a new loader."""
+    torch.manual_seed(0)
+    loader = make()
+    out = []
+    for e in range(stop_epoch + 1):
+        if before_epoch:
+            before_epoch(loader, e)
+        out.append([])
+        it = iter(loader)
+        limit = stop_batch if e == stop_epoch else None
+        ended = False
+        while limit is None or len(out[-1]) < limit:
+            try:
+                out[-1].append(to_list([next(it)])[0])
+            except StopIteration:
+                ended = True
+                break
+        if e == stop_epoch:
+            sd = roundtrip(loader.state_dict())
+            del it
+    del loader
+    torch.manual_seed(999)  # a new process: the global RNG is anywhere
+    resumed = make()
+    resumed.load_state_dict(sd)
+    if not ended:  # the rest of the interrupted epoch
+        if before_epoch:
+            before_epoch(resumed, stop_epoch)
+        out[-1].extend(to_list(resumed))
+    for e in range(stop_epoch + 1, epochs):
+        if before_epoch:
+            before_epoch(resumed, e)
+        out.append(to_list(resumed))
+    return out
+
+
+@given(
+    n=st.integers(1, 40),
+    batch_size=st.integers(1, 6),
+    num_workers=st.integers(0, 3),
+    use_generator=st.booleans(),
+    persistent=st.booleans(),
+    stop_epoch=st.integers(0, EPOCHS - 1),
+    stop_batch=st.integers(0, 8),
+    drop_last=st.booleans(),
+)
+def test_resume_gives_the_uninterrupted_sequence(n, batch_size, num_workers, use_generator, persistent, stop_epoch,
+                                                 stop_batch, drop_last):
+    persistent = persistent and num_workers > 0
+
+    def make():
+        gen = torch.Generator().manual_seed(11) if use_generator else None
+        return ThreadDataLoader(Squares(n), batch_size=batch_size, shuffle=True, num_workers=num_workers,
+                                generator=gen, persistent_workers=persistent, drop_last=drop_last)
+
+    expected = uninterrupted(make)
+    stop_batch = min(stop_batch, len(expected[stop_epoch]))
+    assert interrupted(make, stop_epoch, stop_batch) == expected
+
+
+def test_resume_with_sampler_own_generator():
+    def make():
+        ds = Squares(30)
+        return ThreadDataLoader(ds, batch_size=4, num_workers=2,
+                                sampler=RandomSampler(ds, replacement=True, generator=torch.Generator().manual_seed(4)))
+
+    assert interrupted(make, 1, 3) == uninterrupted(make)
+
+
+class CountingStatefulSampler(Sampler):
+    """A sampler whose order depends on its own state (a counter of epochs)."""
+
+    def __init__(self, n):
+        self.n, self.epoch = n, 0
+
+    def __iter__(self):
+        order = [(i * (self.epoch + 3)) % self.n for i in range(self.n)]
+        self.epoch += 1
+        return iter(order)
+
+    def __len__(self):
+        return self.n
+
+    def state_dict(self):
+        return {"epoch": self.epoch}
+
+    def load_state_dict(self, sd):
+        self.epoch = sd["epoch"]
+
+
+def test_resume_uses_the_samplers_own_state_dict():
+    make = lambda: ThreadDataLoader(Squares(17), batch_size=3, num_workers=2,  # noqa: E731
+                                    sampler=CountingStatefulSampler(17))
+    assert interrupted(make, 2, 2) == uninterrupted(make)
+
+
+def test_resume_with_custom_batch_sampler_fast_forward():
+    make = lambda: ThreadDataLoader(Squares(10), batch_sampler=[[1, 2], [0], [9, 8, 7], [3]], num_workers=2)  # noqa
+    assert interrupted(make, 0, 2) == uninterrupted(make)
+
+
+def test_resume_distributed_sampler_with_set_epoch():
+    def make():
+        ds = Squares(25)
+        return ThreadDataLoader(ds, batch_size=2, num_workers=2,
+                                sampler=DistributedSampler(ds, num_replicas=2, rank=1, shuffle=True, seed=3))
+
+    def before_epoch(loader, e):
+        loader.sampler.set_epoch(e)
+
+    expected = uninterrupted(make, before_epoch=before_epoch)
+    assert interrupted(make, 1, 4, before_epoch=before_epoch) == expected
+
+
+@pytest.mark.parametrize("num_workers", [0, 1, 3])
+@pytest.mark.parametrize("uneven", [False, True])
+def test_resume_iterable_dataset_by_fast_forward(num_workers, uneven):
+    make = lambda: ThreadDataLoader(Sharded(0, 40, uneven=uneven), batch_size=2, num_workers=num_workers)  # noqa
+    expected = uninterrupted(make)
+    assert interrupted(make, 1, 2) == expected
+
+
+class StatefulStream(IterableDataset):
+    """An IterableDataset whose content depends on its own state."""
+
+    def __init__(self):
+        self.offset = 0
+
+    def __iter__(self):
+        start = self.offset
+        self.offset += 100
+        return iter(range(start, start + 7))
+
+    def state_dict(self):
+        return {"offset": self.offset}
+
+    def load_state_dict(self, sd):
+        self.offset = sd["offset"]
+
+
+def test_resume_iterable_dataset_with_its_own_state_dict():
+    make = lambda: ThreadDataLoader(StatefulStream(), batch_size=2, num_workers=1)  # noqa: E731
+    assert interrupted(make, 1, 2) == uninterrupted(make)
+
+
+@pytest.mark.parametrize("num_workers", [1, 3])
+def test_in_order_false_resume_loses_and_duplicates_nothing(num_workers):
+    def make():
+        return ThreadDataLoader(Squares(40), batch_size=3, shuffle=True, num_workers=num_workers, in_order=False,
+                                generator=torch.Generator().manual_seed(2))
+
+    expected = uninterrupted(make, epochs=2)
+    got = interrupted(make, 0, 5, epochs=2)
+    for e in range(2):
+        assert collections.Counter(map(repr, got[e])) == collections.Counter(map(repr, expected[e]))
+
+
+def test_state_between_epochs_and_before_any_epoch():
+    def make():
+        return ThreadDataLoader(Squares(12), batch_size=5, shuffle=True, num_workers=2)
+
+    expected = uninterrupted(make)
+    torch.manual_seed(0)
+    loader = make()
+    first = to_list(loader)
+    sd = roundtrip(loader.state_dict())
+    assert sd["epoch"] is None
+    torch.manual_seed(5)
+    resumed = make()
+    resumed.load_state_dict(sd)
+    assert [first, to_list(resumed), to_list(resumed)] == expected
+
+
+def test_prefetched_batches_are_not_lost():
+    loader = ThreadDataLoader(Squares(30), batch_size=2, num_workers=3, prefetch_factor=4)
+    it = iter(loader)
+    got = [to_list([next(it)])[0] for _ in range(2)]
+    sd = loader.state_dict()
+    assert sd["epoch"]["consumed_prefix"] == 2
+    resumed = ThreadDataLoader(Squares(30), batch_size=2, num_workers=3, prefetch_factor=4)
+    resumed.load_state_dict(sd)
+    assert got + to_list(resumed) == to_list(ThreadDataLoader(Squares(30), batch_size=2))
+    del it
+
+
+def test_bad_state_dict_is_rejected():
+    with pytest.raises(ValueError, match="not a ThreadDataLoader state dict"):
+        ThreadDataLoader(Squares(3)).load_state_dict({"foo": 1})
