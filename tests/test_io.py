@@ -297,7 +297,7 @@ def test_imagefolder_with_decode_image_matches_pil_pipeline(folder) -> None:
 
 
 def test_imagefolder_thread_loader_matches_dataloader(folder) -> None:
-    loader_mod = pytest.importorskip("threadloader.loader", reason="ThreadDataLoader not written yet")
+    from threadloader import loader as loader_mod
     from torch.utils.data import DataLoader
     from torchvision.datasets import ImageFolder
 

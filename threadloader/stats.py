@@ -8,9 +8,22 @@ report needs; no lock is taken on the hot path.
 
 from __future__ import annotations
 
+import os
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any
+
+#: Seconds between checks of whether the workers are GIL-bound.
+GIL_CHECK_INTERVAL_S = 1.0
+
+GIL_WARNING = (
+    "ThreadDataLoader: the {workers} worker threads were busy {util:.0%} of the last {window:.1f}s but used only "
+    "{cores:.2f} CPU cores together: the dataset's Python code holds the GIL, so these threads take turns "
+    "instead of running in parallel and more workers will not load faster. Release the GIL in the expensive "
+    "step: do it in a library call that releases it (NumPy/torch operations, Pillow or "
+    "threadloader.io.decode_image for images, zlib, file reads) instead of a Python loop."
+)
 
 
 @dataclass
@@ -32,6 +45,8 @@ class LoaderStats:
         self._counters: list[WorkerCounters] = []
         self._num_workers = 0
         self._baseline = (0.0, 0.0, 0.0, 0)
+        self.gil_warned = False
+        self._cores = os.cpu_count() or 1
         self.new_epoch()
 
     def bind(self, counters: list[WorkerCounters], num_workers: int) -> None:
@@ -45,10 +60,46 @@ class LoaderStats:
         self.wait_s = 0.0
         self.started = time.perf_counter()
         self._baseline = self._worker_totals()
+        self._gil_mark = (self.started, self._gil_sample())
 
     def delivered(self, items: int) -> None:
         self.batches += 1
         self.items += items
+        now = time.perf_counter()
+        if now - self._gil_mark[0] >= GIL_CHECK_INTERVAL_S:
+            self._check_gil(now)
+
+    def _gil_sample(self) -> tuple[float, float, float]:
+        fetch = sum(c.fetch_s for c in self._counters)
+        return fetch, time.process_time(), self.wait_s
+
+    def _check_gil(self, now: float) -> None:
+        """Warn once when the loader is the bottleneck and its busy workers share one core.
+
+        Threads that run Python code take turns on the GIL: however many there
+        are, together they use about one core, while each one looks busy
+        (waiting for the GIL counts as busy). I/O-bound workers use little CPU,
+        and code that releases the GIL -- or hands work to a library's own
+        thread pool -- uses more than one core, so neither matches. The
+        process's CPU time is used, so pools' threads count. Nothing is said
+        while the training loop rarely waits for data.
+        """
+        then, (fetch0, cpu0, wait0) = self._gil_mark
+        fetch1, cpu1, wait1 = sample = self._gil_sample()
+        self._gil_mark = (now, sample)
+        window = now - then
+        if self.gil_warned or self._num_workers < 2 or self._cores < 2 or window <= 0:
+            return
+        util = (fetch1 - fetch0) / (window * self._num_workers)
+        cores = (cpu1 - cpu0) / window
+        waiting = (wait1 - wait0) / window
+        if util >= 0.6 and waiting >= 0.25 and 0.5 <= cores <= 1.15:
+            self.gil_warned = True
+            warnings.warn(
+                GIL_WARNING.format(workers=self._num_workers, util=min(util, 1.0), window=window, cores=cores),
+                RuntimeWarning,
+                stacklevel=4,
+            )
 
     def waited(self, seconds: float) -> None:
         self.wait_s += seconds
