@@ -279,19 +279,22 @@ def test_persistent_workers_keep_threads_and_match_dataloader():
     ds = Recorder(12)
     loader = ThreadDataLoader(ds, batch_size=3, num_workers=2, persistent_workers=True, shuffle=True,
                               generator=torch.Generator().manual_seed(3))
-    list(loader)
-    threads_first = {ident for _, ident, _ in ds.seen.values()}
-    ds.seen.clear()
-    it = iter(loader)
-    next(it)  # an epoch abandoned early...
-    list(loader)  # ...and a full one
-    assert {ident for _, ident, _ in ds.seen.values()} <= threads_first
+    threads = {}
+    for epoch in range(3):
+        it = iter(loader)
+        next(it)
+        if epoch == 1:
+            del it  # an epoch abandoned early...
+        else:
+            list(it)  # ...and full ones
+        for info, ident, _ in ds.seen.values():
+            assert threads.setdefault(info.id, ident) == ident  # the same thread serves each worker id
     oracle = DataLoader(Squares(12), batch_size=3, num_workers=2, persistent_workers=True, shuffle=True,
                         generator=torch.Generator().manual_seed(3), multiprocessing_context="fork")
     ours = ThreadDataLoader(Squares(12), batch_size=3, num_workers=2, persistent_workers=True, shuffle=True,
                             generator=torch.Generator().manual_seed(3))
     assert [to_list(ours) for _ in range(3)] == [to_list(oracle) for _ in range(3)]
-    del loader, it, ours
+    del loader, ours
     gc.collect()
 
 

@@ -13,7 +13,7 @@ from torch.utils.data import DistributedSampler, IterableDataset, RandomSampler,
 
 from threadloader import ThreadDataLoader
 
-from helpers import Sharded, Squares, to_list
+from helpers import Sharded, Slow, Squares, to_list
 
 EPOCHS = 3
 
@@ -225,3 +225,14 @@ def test_prefetched_batches_are_not_lost():
 def test_bad_state_dict_is_rejected():
     with pytest.raises(ValueError, match="not a ThreadDataLoader state dict"):
         ThreadDataLoader(Squares(3)).load_state_dict({"foo": 1})
+
+
+def test_in_order_false_bookkeeping_stays_bounded():
+    loader = ThreadDataLoader(Slow(3000, 0.0002, slow=set(range(0, 3000, 7))), batch_size=2, num_workers=2,
+                              in_order=False)
+    it = iter(loader)
+    for _ in range(1200):
+        next(it)
+        # only tasks received ahead of the oldest outstanding one are remembered
+        assert len(it._consumed_ahead) <= loader.prefetch_factor * loader.num_workers
+    del it

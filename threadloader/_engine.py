@@ -22,12 +22,12 @@ The threads never reference the iterator object, so dropping the iterator
 
 from __future__ import annotations
 
-import collections
 import itertools
+import queue
 import threading
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -50,12 +50,13 @@ from .stats import LoaderStats, WorkerCounters
 #: daemon and exits at its next check); we never wait on it for long.
 JOIN_BUDGET_S = 1.0
 
-#: A worker takes several units per lock round-trip when samples are cheap;
+#: A worker takes several units per queue round-trip when samples are cheap;
 #: this is the work (seconds) it aims to take at once.
 _CHUNK_TARGET_S = 200e-6
 _MAX_CHUNK = 64
-#: Times a waiting thread yields the GIL before it sleeps on a condition.
-_SPINS = 20
+
+#: Message kinds on the result queue.
+_DATA, _STOPPED, _DIED = 0, 1, 2
 
 
 @dataclass
@@ -76,7 +77,7 @@ class _Config:
 
 
 class _Batch:
-    """One task of a map-style dataset, filled unit by unit."""
+    """One task of a map-style dataset, filled unit by unit (under ``_Shared.lock``)."""
 
     __slots__ = ("idx", "gen", "index", "slots", "remaining", "error", "whole")
 
@@ -85,48 +86,36 @@ class _Batch:
         self.gen = gen
         self.index = index  # the sampler's index (a list when auto-collating)
         self.slots: list[Any] = [None] * n_units
-        self.remaining = n_units
+        self.remaining = max(n_units, 1)  # an empty index list is one (empty) unit
         self.error: ExceptionWrapper | None = None
         self.whole = whole  # one unit for the whole batch (__getitems__ / no batching)
 
 
-@dataclass(frozen=True)
-class _WorkerStopped:
-    """An IterableDataset replica is exhausted (DataLoader's stop marker)."""
-
-    worker_id: int
-
-
-@dataclass
 class _Shared:
-    """State shared by the consumer and the worker threads, under ``lock``."""
+    """What the consumer and the worker threads share.
 
-    num_workers: int
-    lock: threading.RLock = field(default_factory=threading.RLock)
-    units: collections.deque = field(default_factory=collections.deque)
-    results: dict = field(default_factory=dict)
-    stops: collections.deque = field(default_factory=collections.deque)
-    generation: int = 0
-    stopping: bool = False
-    dead: tuple | None = None
+    Hand-offs go through ``queue.SimpleQueue`` (C-level, cheap, and its
+    blocking ``get`` releases the GIL and is interruptible): map-style units
+    on one shared queue, IterableDataset jobs on one queue per worker (tasks
+    are assigned), and every result on one result queue, as in DataLoader.
+    ``lock`` guards only the per-batch completion counts.
+    """
 
-    def __post_init__(self) -> None:
-        # Workers of map-style datasets share one queue and one condition;
-        # IterableDataset workers each have their own (tasks are assigned).
-        self.work_ready = threading.Condition(self.lock)
-        self.result_ready = threading.Condition(self.lock)
-        self.jobs = [collections.deque() for _ in range(self.num_workers)]
-        self.job_ready = [threading.Condition(self.lock) for _ in range(self.num_workers)]
-        self.counters = [WorkerCounters() for _ in range(self.num_workers)]
+    def __init__(self, num_workers: int) -> None:
+        self.num_workers = num_workers
+        self.lock = threading.Lock()
+        self.units: queue.SimpleQueue = queue.SimpleQueue()
+        self.jobs = [queue.SimpleQueue() for _ in range(num_workers)]
+        self.results: queue.SimpleQueue = queue.SimpleQueue()
+        # Written by the consumer, read by workers to skip stale or unneeded
+        # work early; correctness never depends on a worker seeing it in time
+        # (the consumer drops results of an old generation itself).
+        self.generation = 0
+        self.stopping = False
+        self.counters = [WorkerCounters() for _ in range(num_workers)]
 
     def post(self, gen: int, idx: int, worker_id: int, payload: Any) -> None:
-        with self.lock:
-            if gen == self.generation:  # results of an abandoned epoch are dropped
-                self.results[idx] = (worker_id, payload)
-                self.result_ready.notify()
-
-
-_NOTHING = object()
+        self.results.put((_DATA, gen, idx, worker_id, payload))
 
 
 def _where(worker_id: int, what: str) -> str:
@@ -152,15 +141,13 @@ def _worker_main(shared: _Shared, cfg: _Config, worker_id: int) -> None:
         else:
             _serve_map(shared, cfg, worker_id, init_error)
     except BaseException as exc:  # noqa: BLE001 - reported to the consumer, never lost
-        with shared.lock:
-            if not shared.stopping:
-                shared.dead = (worker_id, exc)
-            shared.result_ready.notify_all()
+        if not shared.stopping:
+            shared.results.put((_DIED, shared.generation, -1, worker_id, exc))
     finally:
         worker.leave_worker()
 
 
-def _finish(shared: _Shared, cfg: _Config, worker_id: int, data: Any, counters: WorkerCounters) -> Any:
+def _finish(cfg: _Config, data: Any, counters: WorkerCounters) -> Any:
     """Collate (when batching) and pin one task's data in this worker."""
     t0 = time.perf_counter()
     with _context.collating(cfg.pin, cfg.pin_device):
@@ -173,140 +160,180 @@ def _finish(shared: _Shared, cfg: _Config, worker_id: int, data: Any, counters: 
     return data
 
 
+def _take(units: queue.SimpleQueue, limit: int) -> list | None:
+    """Block for one unit, then take up to ``limit`` without blocking. None: stop."""
+    first = units.get()
+    if first is None:
+        return None
+    work = [first]
+    while len(work) < limit:
+        try:
+            unit = units.get_nowait()
+        except queue.Empty:
+            break
+        if unit is None:  # a stop sentinel: leave it for... no one needs it but us
+            units.put(None)
+            break
+        work.append(unit)
+    return work
+
+
 def _serve_map(shared: _Shared, cfg: _Config, worker_id: int, init_error: ExceptionWrapper | None) -> None:
-    dataset = cfg.dataset
+    per_unit_s: float | None = _CHUNK_TARGET_S  # running estimate of one unit's fetch time
+    while per_unit_s is not None:
+        per_unit_s = _map_step(shared, cfg, worker_id, init_error, per_unit_s)
+
+
+def _map_step(
+    shared: _Shared, cfg: _Config, worker_id: int, init_error: ExceptionWrapper | None, per_unit_s: float
+) -> float | None:
+    """Take a chunk of units, fetch them, and collate every batch it completes.
+
+    A function of its own so that its locals (samples, the collated batch)
+    are released before the worker waits again: an idle persistent worker
+    must not keep the last batch alive. Returns the new per-unit estimate, or
+    None when the worker must stop.
+    """
     counters = shared.counters[worker_id]
-    per_unit_s = _CHUNK_TARGET_S  # running estimate of one unit's fetch time
-    while True:
-        with shared.lock:
-            while not shared.units and not shared.stopping:
-                counters.busy = False
-                shared.work_ready.wait()
-            if shared.stopping:
-                return
-            counters.busy = True
-            take = max(1, min(len(shared.units), _MAX_CHUNK, int(_CHUNK_TARGET_S / per_unit_s)))
-            work = [shared.units.popleft() for _ in range(take)]
-            if shared.units:  # more left: let an idle worker share it
-                shared.work_ready.notify()
-        done: list[tuple[_Batch, int, Any]] = []
-        t0 = time.perf_counter()
-        for batch, pos in work:
-            if batch.error is not None or batch.gen != shared.generation:
-                done.append((batch, pos, None))
-                continue
-            if init_error is not None:
-                done.append((batch, pos, init_error))
-                continue
-            if pos < 0:
-                done.append((batch, pos, _NOTHING))
-                continue
+    counters.busy = False
+    work = _take(shared.units, max(1, min(_MAX_CHUNK, int(_CHUNK_TARGET_S / per_unit_s))))
+    if work is None or shared.stopping:
+        return None
+    counters.busy = True
+    dataset = cfg.dataset
+    done: list[tuple[_Batch, int, Any]] = []
+    t0 = time.perf_counter()
+    for batch, pos in work:
+        if batch.error is not None or batch.gen != shared.generation or pos < 0:
+            done.append((batch, pos, None))  # failed, abandoned, or an empty batch
+            continue
+        if init_error is not None:
+            done.append((batch, pos, init_error))
+            continue
+        try:
+            if batch.whole and cfg.auto_collation:
+                value = dataset.__getitems__(batch.index)
+            elif batch.whole:
+                value = dataset[batch.index]
+            else:
+                value = dataset[batch.index[pos]]
+        except Exception:
+            what = "__getitems__" if batch.whole and cfg.auto_collation else (
+                f"dataset index {batch.index if batch.whole else batch.index[pos]!r}")
+            value = ExceptionWrapper(where=_where(worker_id, what))
+        done.append((batch, pos, value))
+    elapsed = time.perf_counter() - t0
+    counters.fetch_s += elapsed
+    counters.items += len(work)
+    completed = []
+    with shared.lock:
+        for batch, pos, value in done:
+            if isinstance(value, ExceptionWrapper):
+                if batch.error is None:
+                    batch.error = value
+            elif pos >= 0 and value is not None:
+                batch.slots[pos] = value
+            batch.remaining -= 1
+            if batch.remaining == 0:
+                completed.append(batch)
+    for batch in completed:
+        payload: Any = batch.error
+        if payload is None:
+            data = batch.slots if cfg.auto_collation and not batch.whole else batch.slots[0]
             try:
-                if batch.whole and cfg.auto_collation:
-                    value = dataset.__getitems__(batch.index)
-                elif batch.whole:
-                    value = dataset[batch.index]
-                else:
-                    value = dataset[batch.index[pos]]
+                payload = _finish(cfg, data, counters)
             except Exception:
-                what = "__getitems__" if batch.whole and cfg.auto_collation else (
-                    f"dataset index {batch.index if batch.whole else batch.index[pos]!r}")
-                value = ExceptionWrapper(where=_where(worker_id, what))
-            done.append((batch, pos, value))
-        elapsed = time.perf_counter() - t0
-        counters.fetch_s += elapsed
-        counters.items += len(work)
-        per_unit_s = 0.7 * per_unit_s + 0.3 * max(elapsed / len(work), 1e-7)
-        completed = []
-        with shared.lock:
-            for batch, pos, value in done:
-                if isinstance(value, ExceptionWrapper):
-                    if batch.error is None:
-                        batch.error = value
-                elif pos >= 0:
-                    batch.slots[pos] = value
-                batch.remaining -= 1
-                if batch.remaining == 0:
-                    completed.append(batch)
-        for batch in completed:
-            payload: Any = batch.error
-            if payload is None:
-                data = batch.slots if cfg.auto_collation and not batch.whole else batch.slots[0]
-                try:
-                    payload = _finish(shared, cfg, worker_id, data, counters)
-                except Exception:
-                    payload = ExceptionWrapper(where=_where(worker_id, "collate_fn"))
-            batch.slots = []  # drop sample references early
-            shared.post(batch.gen, batch.idx, worker_id, payload)
-            counters.tasks += 1
+                payload = ExceptionWrapper(where=_where(worker_id, "collate_fn"))
+        batch.slots = []  # drop sample references early
+        shared.post(batch.gen, batch.idx, worker_id, payload)
+        counters.tasks += 1
+    return 0.7 * per_unit_s + 0.3 * max(elapsed / len(work), 1e-7)
+
+
+class _Replica:
+    """One worker's IterableDataset iterator and where it stands."""
+
+    __slots__ = ("fetcher", "gen", "ended", "init_error")
+
+    def __init__(self, init_error: ExceptionWrapper | None) -> None:
+        self.fetcher: Any = None
+        self.gen = -1
+        self.ended = False
+        self.init_error = init_error
 
 
 def _serve_iterable(shared: _Shared, cfg: _Config, worker_id: int, init_error: ExceptionWrapper | None) -> None:
     counters = shared.counters[worker_id]
-    jobs, ready = shared.jobs[worker_id], shared.job_ready[worker_id]
-    fetcher = None
-    fetcher_gen = -1
-    ended = False
 
     def collate(data: Any) -> Any:
         t0 = time.perf_counter()
-        out = _finish(shared, cfg, worker_id, data, counters)
+        out = _finish(cfg, data, counters)
         counters.fetch_s -= time.perf_counter() - t0  # counted as collate, not fetch
         return out
 
-    while True:
-        with shared.lock:
-            while not jobs and not shared.stopping:
-                counters.busy = False
-                ready.wait()
-            if shared.stopping:
-                return
-            counters.busy = True
-            idx, gen, index = jobs.popleft()
-        payload: Any
-        if init_error is not None:
-            shared.post(gen, idx, worker_id, init_error)
-            continue
-        if gen != fetcher_gen:
-            # A new epoch (persistent workers): a fresh replica iterator, as
-            # DataLoader's workers make on _ResumeIteration.
-            fetcher_gen, ended, fetcher = gen, False, None
-            try:
-                fetcher = create_fetcher(cfg.kind, cfg.dataset, cfg.auto_collation, collate, cfg.drop_last)
-            except Exception:
-                init_error = ExceptionWrapper(where=_where(worker_id, "IterableDataset.__iter__"))
-                shared.post(gen, idx, worker_id, init_error)
-                continue
-        if ended:
-            continue  # DataLoader's exhausted workers ignore further tasks
-        t0 = time.perf_counter()
+    replica = _Replica(init_error)
+    while _iterable_step(shared, cfg, worker_id, replica, collate):
+        pass
+
+
+def _iterable_step(shared: _Shared, cfg: _Config, worker_id: int, replica: _Replica, collate: Callable) -> bool:
+    """Serve one job (a function so that the batch is not kept while idle). False: stop."""
+    counters = shared.counters[worker_id]
+    counters.busy = False
+    job = shared.jobs[worker_id].get()
+    if job is None or shared.stopping:
+        return False
+    counters.busy = True
+    idx, gen, index = job
+    if replica.init_error is not None:
+        shared.post(gen, idx, worker_id, replica.init_error)
+        return True
+    if gen != replica.gen:
+        # A new epoch (persistent workers): a fresh replica iterator, as
+        # DataLoader's workers make on _ResumeIteration.
+        replica.gen, replica.ended, replica.fetcher = gen, False, None
         try:
-            payload = fetcher.fetch(index)
-        except StopIteration:
-            ended = True
-            with shared.lock:
-                if gen == shared.generation:
-                    shared.stops.append((idx, worker_id))
-                    shared.result_ready.notify()
-            continue
+            replica.fetcher = create_fetcher(cfg.kind, cfg.dataset, cfg.auto_collation, collate, cfg.drop_last)
         except Exception:
-            payload = ExceptionWrapper(where=_where(worker_id, "IterableDataset"))
-        counters.fetch_s += time.perf_counter() - t0
-        counters.items += len(index) if cfg.auto_collation else 1
-        counters.tasks += 1
-        shared.post(gen, idx, worker_id, payload)
+            replica.init_error = ExceptionWrapper(where=_where(worker_id, "IterableDataset.__iter__"))
+            shared.post(gen, idx, worker_id, replica.init_error)
+            return True
+    if replica.ended:
+        return True  # DataLoader's exhausted workers ignore further tasks
+    t0 = time.perf_counter()
+    try:
+        payload = replica.fetcher.fetch(index)
+    except StopIteration:
+        replica.ended = True
+        shared.results.put((_STOPPED, gen, idx, worker_id, None))
+        return True
+    except Exception:
+        payload = ExceptionWrapper(where=_where(worker_id, "IterableDataset"))
+    counters.fetch_s += time.perf_counter() - t0
+    counters.items += len(index) if cfg.auto_collation else 1
+    counters.tasks += 1
+    shared.post(gen, idx, worker_id, payload)
+    return True
+
+
+def _drain(q: queue.SimpleQueue) -> None:
+    while True:
+        try:
+            q.get_nowait()
+        except queue.Empty:
+            return
 
 
 def _stop_threads(shared: _Shared, threads: list[threading.Thread]) -> None:
     """Tell every worker to stop, then join them within :data:`JOIN_BUDGET_S`."""
-    with shared.lock:
-        shared.stopping = True
-        shared.units.clear()
-        shared.results.clear()
-        shared.work_ready.notify_all()
-        for cond in shared.job_ready:
-            cond.notify_all()
-        shared.result_ready.notify_all()
+    shared.stopping = True
+    _drain(shared.units)
+    for _ in threads:
+        shared.units.put(None)  # one sentinel per worker: each exits on its first
+    for jobs in shared.jobs:
+        _drain(jobs)
+        jobs.put(None)
+    _drain(shared.results)
     deadline = time.monotonic() + JOIN_BUDGET_S
     current = threading.current_thread()
     for thread in threads:
@@ -408,15 +435,13 @@ class ThreadedLoaderIter(BaseDataLoaderIter):
         self._workers_status = [True] * self._num_workers
         self._workers_num_tasks = [0] * self._num_workers
         self._worker_queue_idx_cycle = itertools.cycle(range(self._num_workers))
+        self._stash: dict[int, tuple[int, Any]] = {}  # results received ahead of their turn
         if not first_iter:
             shared = self._shared
-            with shared.lock:
-                shared.generation += 1
-                shared.units.clear()
-                shared.results.clear()
-                shared.stops.clear()
-                for jobs in shared.jobs:
-                    jobs.clear()
+            shared.generation += 1  # results of the old epoch are dropped on arrival
+            _drain(shared.units)
+            for jobs in shared.jobs:
+                _drain(jobs)
             self._stats.new_epoch()
         for _ in range(self._prefetch_factor * self._num_workers):
             self._try_put_index()
@@ -445,24 +470,20 @@ class ThreadedLoaderIter(BaseDataLoaderIter):
                         break
             else:
                 return
-            with shared.lock:
-                shared.jobs[worker_id].append((idx, shared.generation, index))
-                shared.job_ready[worker_id].notify()
+            shared.jobs[worker_id].put((idx, shared.generation, index))
             self._workers_num_tasks[worker_id] += 1
         else:
             worker_id = -1
             whole = not self._auto_collation or bool(getattr(self._dataset, "__getitems__", None))
             n_units = 1 if whole else len(index)
-            with shared.lock:
-                batch = _Batch(idx, shared.generation, index, n_units, whole)
-                if n_units == 0:
-                    # An empty index list still goes through collate_fn, as in
-                    # DataLoader (whose default_collate then raises).
-                    batch.remaining = 1
-                    shared.units.append((batch, -1))
-                else:
-                    shared.units.extend((batch, pos) for pos in range(n_units))
-                shared.work_ready.notify()
+            batch = _Batch(idx, shared.generation, index, n_units, whole)
+            if n_units == 0:
+                # An empty index list still goes through collate_fn, as in
+                # DataLoader (whose default_collate then raises).
+                shared.units.put((batch, -1))
+            else:
+                for pos in range(n_units):
+                    shared.units.put((batch, pos))
         self._task_info[idx] = worker_id
         self._task_items[idx] = len(index) if self._auto_collation and hasattr(index, "__len__") else 1
         self._tasks_outstanding += 1
@@ -477,6 +498,7 @@ class ThreadedLoaderIter(BaseDataLoaderIter):
                         break
                     del self._task_info[self._rcvd_idx]
                     self._task_items.pop(self._rcvd_idx, None)
+                self._consumed_ahead.discard(self._rcvd_idx)  # passed: no longer "ahead"
                 self._rcvd_idx += 1
             else:
                 self._finished = True
@@ -485,7 +507,7 @@ class ThreadedLoaderIter(BaseDataLoaderIter):
                 raise StopIteration
             kind, idx, worker_id, payload = self._wait_for_result()
             self._tasks_outstanding -= 1
-            if kind == "stop":
+            if kind == _STOPPED:
                 self._workers_status[worker_id] = False
                 self._try_put_index()
                 continue
@@ -507,57 +529,39 @@ class ThreadedLoaderIter(BaseDataLoaderIter):
 
     # helpers ----------------------------------------------------------------------
     def _has_result(self, idx: int) -> bool:
-        with self._shared.lock:
-            return idx in self._shared.results
+        return idx in self._stash
 
-    def _wait_for_result(self) -> tuple[str, int, int, Any]:
-        shared = self._shared
+    def _wait_for_result(self) -> tuple[int, int, int, Any]:
+        """The next result to act on: (kind, task, worker, payload)."""
+        if self._in_order:
+            if self._rcvd_idx in self._stash:
+                return (_DATA, self._rcvd_idx, *self._stash.pop(self._rcvd_idx))
+        elif self._stash:
+            idx = next(iter(self._stash))  # arrival order
+            return (_DATA, idx, *self._stash.pop(idx))
+        results = self._shared.results
         timeout = self._timeout if self._timeout > 0 else None
         deadline = None if timeout is None else time.monotonic() + timeout
         t0 = time.perf_counter()
-        spins = 0
         try:
-            with shared.lock:
-                while True:
-                    if shared.dead is not None:
-                        worker_id, exc = shared.dead
-                        raise RuntimeError(
-                            f"DataLoader worker (thread {worker_id}) exited unexpectedly: {exc!r}") from exc
-                    if shared.stops:
-                        idx, worker_id = shared.stops.popleft()
-                        return "stop", idx, worker_id, None
-                    if self._in_order:
-                        if self._rcvd_idx in shared.results:
-                            return ("data", self._rcvd_idx, *shared.results.pop(self._rcvd_idx))
-                    elif shared.results:
-                        idx = next(iter(shared.results))  # arrival order, as a queue gives
-                        return ("data", idx, *shared.results.pop(idx))
-                    if spins < _SPINS:
-                        # Results of cheap samples arrive within microseconds:
-                        # yielding the GIL a few times is far cheaper than a
-                        # sleep/wake round trip through the condition.
-                        spins += 1
-                        shared.lock.release()
-                        try:
-                            time.sleep(0)
-                        finally:
-                            shared.lock.acquire()
-                        continue
+            while True:
+                try:
                     if deadline is None:
-                        shared.result_ready.wait()
+                        kind, gen, idx, worker_id, payload = results.get()
                     else:
-                        remaining = deadline - time.monotonic()
-                        if remaining <= 0 or not shared.result_ready.wait(remaining):
-                            if not self._ready_now():
-                                raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds")
+                        kind, gen, idx, worker_id, payload = results.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds") from None
+                if kind == _DIED:
+                    raise RuntimeError(
+                        f"DataLoader worker (thread {worker_id}) exited unexpectedly: {payload!r}") from payload
+                if gen != self._shared.generation:
+                    continue  # from an epoch that was abandoned
+                if kind == _STOPPED or not self._in_order or idx == self._rcvd_idx:
+                    return kind, idx, worker_id, payload
+                self._stash[idx] = (worker_id, payload)
         finally:
             self._stats.waited(time.perf_counter() - t0)
-
-    def _ready_now(self) -> bool:
-        shared = self._shared
-        if shared.dead is not None or shared.stops:
-            return True
-        return (self._rcvd_idx in shared.results) if self._in_order else bool(shared.results)
 
     def _shutdown_workers(self) -> None:
         self._finalizer()
