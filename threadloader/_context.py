@@ -30,6 +30,16 @@ def pin_memory_device() -> str | None:
     return getattr(_local, "device", None) if pin_memory_requested() else None
 
 
+def set_collating(pin: bool, device: str | None = None) -> None:
+    """Set, for the calling thread, whether the batches it collates get pinned.
+
+    Args:
+        pin: whether results will be pinned (so may be allocated pinned).
+        device: the accelerator type the memory is pinned for.
+    """
+    _local.pin, _local.device = pin, device
+
+
 @contextlib.contextmanager
 def collating(pin: bool, device: str | None = None) -> Iterator[None]:
     """Mark the current thread as running a collate call of a loader.

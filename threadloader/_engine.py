@@ -130,6 +130,9 @@ def _worker_main(shared: _Shared, cfg: _Config, worker_id: int) -> None:
         if cfg.pin and cfg.device_index is not None:
             torch.accelerator.set_device_index(cfg.device_index)
         worker.enter_worker(worker_id, cfg.num_workers, cfg.base_seed, cfg.dataset)
+        # This thread only ever collates for this loader: tell collate
+        # functions (frame_collate) once whether batches get pinned.
+        _context.set_collating(cfg.pin, cfg.pin_device)
         init_error = None
         try:
             if cfg.init_fn is not None:
@@ -144,14 +147,14 @@ def _worker_main(shared: _Shared, cfg: _Config, worker_id: int) -> None:
         if not shared.stopping:
             shared.results.put((_DIED, shared.generation, -1, worker_id, exc))
     finally:
+        _context.set_collating(False, None)
         worker.leave_worker()
 
 
 def _finish(cfg: _Config, data: Any, counters: WorkerCounters) -> Any:
     """Collate (when batching) and pin one task's data in this worker."""
     t0 = time.perf_counter()
-    with _context.collating(cfg.pin, cfg.pin_device):
-        data = cfg.collate_fn(data)
+    data = cfg.collate_fn(data)
     t1 = time.perf_counter()
     counters.collate_s += t1 - t0
     if cfg.pin:
@@ -166,10 +169,10 @@ def _take(units: queue.SimpleQueue, limit: int) -> list | None:
     if first is None:
         return None
     work = [first]
-    while len(work) < limit:
+    while len(work) < limit and not units.empty():  # empty(): no exception per miss
         try:
             unit = units.get_nowait()
-        except queue.Empty:
+        except queue.Empty:  # another worker was quicker
             break
         if unit is None:  # a stop sentinel: leave it for... no one needs it but us
             units.put(None)
@@ -226,16 +229,29 @@ def _map_step(
     counters.fetch_s += elapsed
     counters.items += len(work)
     completed = []
-    with shared.lock:
-        for batch, pos, value in done:
-            if isinstance(value, ExceptionWrapper):
-                if batch.error is None:
-                    batch.error = value
-            elif pos >= 0 and value is not None:
-                batch.slots[pos] = value
-            batch.remaining -= 1
-            if batch.remaining == 0:
-                completed.append(batch)
+    shared_units = []
+    for item in done:
+        batch, pos, value = item
+        if len(batch.slots) > 1:
+            shared_units.append(item)  # other workers may hold units of this batch
+            continue
+        # A batch of one unit is this worker's alone: no lock needed.
+        if isinstance(value, ExceptionWrapper):
+            batch.error = batch.error or value
+        elif pos >= 0 and value is not None:
+            batch.slots[pos] = value
+        completed.append(batch)
+    if shared_units:
+        with shared.lock:
+            for batch, pos, value in shared_units:
+                if isinstance(value, ExceptionWrapper):
+                    if batch.error is None:
+                        batch.error = value
+                elif pos >= 0 and value is not None:
+                    batch.slots[pos] = value
+                batch.remaining -= 1
+                if batch.remaining == 0:
+                    completed.append(batch)
     for batch in completed:
         payload: Any = batch.error
         if payload is None:
