@@ -97,3 +97,23 @@ def test_iterable_length_warning_text():
 
     with pytest.warns(UserWarning, match=r"reported to be 3\(when accessing len\(dataloader\)\), but 4 samples"):
         compat.warn_iterable_length("ds", 3, 4, 1)
+
+
+def test_resize_kernel_matches_interpolate():
+    import torch.nn.functional as F
+
+    src = torch.randint(0, 256, (1, 37, 53, 3), dtype=torch.uint8)
+    out = torch.empty((1, 20, 24, 3), dtype=torch.uint8)
+    compat.resize_uint8_channels_last(src, (20, 24), out)
+    ref = F.interpolate(src.permute(0, 3, 1, 2), size=(20, 24), mode="bilinear", antialias=True)
+    assert torch.equal(out.permute(0, 3, 1, 2), ref)
+
+
+def test_new_shared_uint8():
+    t = compat.new_shared_uint8((2, 3, 4))
+    assert t.shape == (2, 3, 4) and t.dtype == torch.uint8 and t.is_shared()
+
+
+def test_collate_walker_is_torchs():
+    assert compat.collate is torch_collate.collate
+    assert compat.default_collate_fn_map is torch_collate.default_collate_fn_map

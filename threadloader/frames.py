@@ -14,8 +14,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data._utils import collate as _collate
-
+from . import _torch_compat
 from ._context import pin_memory_requested
 
 __all__ = ["Frame", "frame_collate"]
@@ -101,9 +100,7 @@ def _batch_buffer(shape: tuple[int, ...]) -> torch.Tensor:
     if info is not None and getattr(info, "worker_method", "process") != "thread":
         # Worker *process*: build the batch in shared memory, as default_collate
         # does, so sending it to the main process copies nothing.
-        numel = int(np.prod(shape))
-        storage = torch.UntypedStorage._new_shared(numel)
-        return torch.empty(0, dtype=torch.uint8).set_(storage).view(shape)
+        return _torch_compat.new_shared_uint8(shape)
     return torch.empty(shape, dtype=torch.uint8)
 
 
@@ -156,6 +153,6 @@ def frame_collate(batch: Any) -> Any:
     """
     # Built per call so that entries installed into torch's map later (the
     # thread adapter wraps its tensor entry) are honoured.
-    fn_map = dict(_collate.default_collate_fn_map)
+    fn_map = dict(_torch_compat.default_collate_fn_map)
     fn_map[Frame] = _collate_frames
-    return _collate.collate(batch, collate_fn_map=fn_map)
+    return _torch_compat.collate(batch, collate_fn_map=fn_map)

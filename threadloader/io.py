@@ -31,6 +31,7 @@ from typing import Any, Mapping, Sequence, Union
 import numpy as np
 import torch
 
+from ._torch_compat import resize_uint8_channels_last
 from .frames import Frame
 
 __all__ = [
@@ -119,22 +120,12 @@ def _dct_factor(crop_hw: tuple[int, int], size: tuple[int, int], reducing_gap: f
 
 # --- resize --------------------------------------------------------------------
 
-_AA_BILINEAR = getattr(torch._C._nn, "_upsample_bilinear2d_aa", None)
-
-
 def _resize(arr: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     """Antialiased bilinear resize of HWC uint8 pixels to ``size`` (h, w)."""
     if arr.shape[:2] == size:
         return arr
-    src = torch.from_numpy(arr).permute(2, 0, 1).unsqueeze(0)  # NCHW view, channels-last strides
     out = torch.empty((1, size[0], size[1], arr.shape[2]), dtype=torch.uint8)
-    if _AA_BILINEAR is not None:
-        # Writing into a channels-last output skips the NCHW result and the
-        # transpose back that F.interpolate would cost (~35% of the resize).
-        _AA_BILINEAR(src, list(size), False, None, None, out=out.permute(0, 3, 1, 2))
-    else:  # pragma: no cover - a torch without the private op
-        res = torch.nn.functional.interpolate(src, size=size, mode="bilinear", antialias=True)
-        out.copy_(res.permute(0, 2, 3, 1))
+    resize_uint8_channels_last(torch.from_numpy(arr).unsqueeze(0), size, out)
     return out[0].numpy()
 
 
