@@ -467,3 +467,24 @@ def test_no_warning_for_a_plain_run():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         list(ThreadDataLoader(Squares(10), batch_size=2, num_workers=2))
+
+
+@pytest.mark.parametrize("iterable", [False, True])
+def test_pinning_exception_reaches_user(monkeypatch, iterable):
+    # Without an accelerator DataLoader never pins; pretend one exists and make
+    # pinning fail, as a bad custom batch type's pin_memory() would.
+    import threadloader._engine as engine
+
+    def failing_pin(data, device):
+        raise MemoryError("cannot pin")
+
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
+    monkeypatch.setattr(torch.accelerator, "current_device_index", lambda: 0)
+    monkeypatch.setattr(engine, "pin_memory", failing_pin)
+    dataset = Sharded(0, 4) if iterable else Squares(4)
+    loader = ThreadDataLoader(dataset, batch_size=2, num_workers=1, pin_memory=True)
+    monkeypatch.setattr(engine.torch.accelerator, "set_device_index", lambda i: None, raising=False)
+    it = iter(loader)
+    with pytest.raises(MemoryError, match="(?s)worker thread 0 \\(pin_memory\\).*cannot pin"):
+        next(it)
+    del it

@@ -151,14 +151,24 @@ def _worker_main(shared: _Shared, cfg: _Config, worker_id: int) -> None:
         worker.leave_worker()
 
 
-def _finish(cfg: _Config, data: Any, counters: WorkerCounters) -> Any:
-    """Collate (when batching) and pin one task's data in this worker."""
+def _finish(cfg: _Config, data: Any, counters: WorkerCounters, worker_id: int) -> Any:
+    """Collate (when batching) and pin one task's data in this worker.
+
+    Returns:
+        The batch, or an ExceptionWrapper naming the step that failed.
+    """
     t0 = time.perf_counter()
-    data = cfg.collate_fn(data)
+    try:
+        data = cfg.collate_fn(data)
+    except Exception:
+        return ExceptionWrapper(where=_where(worker_id, "collate_fn"))
     t1 = time.perf_counter()
     counters.collate_s += t1 - t0
     if cfg.pin:
-        data = pin_memory(data, cfg.pin_device)
+        try:
+            data = pin_memory(data, cfg.pin_device)
+        except Exception:
+            return ExceptionWrapper(where=_where(worker_id, "pin_memory"))
         counters.pin_s += time.perf_counter() - t1
     return data
 
@@ -256,10 +266,7 @@ def _map_step(
         payload: Any = batch.error
         if payload is None:
             data = batch.slots if cfg.auto_collation and not batch.whole else batch.slots[0]
-            try:
-                payload = _finish(cfg, data, counters)
-            except Exception:
-                payload = ExceptionWrapper(where=_where(worker_id, "collate_fn"))
+            payload = _finish(cfg, data, counters, worker_id)
         batch.slots = []  # drop sample references early
         shared.post(batch.gen, batch.idx, worker_id, payload)
         counters.tasks += 1
@@ -283,9 +290,9 @@ def _serve_iterable(shared: _Shared, cfg: _Config, worker_id: int, init_error: E
 
     def collate(data: Any) -> Any:
         t0 = time.perf_counter()
-        out = _finish(cfg, data, counters)
+        out = _finish(cfg, data, counters, worker_id)
         counters.fetch_s -= time.perf_counter() - t0  # counted as collate, not fetch
-        return out
+        return out  # a failed collate/pin comes back as an ExceptionWrapper: the task's result
 
     replica = _Replica(init_error)
     while _iterable_step(shared, cfg, worker_id, replica, collate):

@@ -416,15 +416,7 @@ def run_comparison(
             )
             per = 1 if config != "resize" else batch_size
             m = measure(loader, max_items=(max_batches + warmup_batches) * per, warmup=warmup_batches * per)
-            row = {
-                "config": CONFIGS[config],
-                "workers": w,
-                "loader": name,
-                "img/s": round(m.img_per_s, 1),
-                "first_batch_s": round(m.first_batch_s, 3),
-                "images": m.images,
-                "ratio": None,
-            }
+            row = _row(CONFIGS[config], w, name, m)
             log.info("measured %s", row)
             rows.append(row)
             bar.set_postfix_str(f"{row['img/s']:.0f} img/s")
@@ -433,6 +425,19 @@ def run_comparison(
         bar.close()
     _add_ratios(rows)
     return rows
+
+
+def _row(config: str, workers: int, loader: str, m: "Measurement") -> dict[str, Any]:
+    """One result row (the keys of ``COLUMNS``); ``ratio`` is filled in later."""
+    return {
+        "config": config,
+        "workers": workers,
+        "loader": loader,
+        "img/s": round(m.img_per_s, 1),
+        "first_batch_s": round(m.first_batch_s, 3),
+        "images": m.images,
+        "ratio": None,
+    }
 
 
 def compare_loaders(
@@ -466,17 +471,7 @@ def compare_loaders(
             for name, factory in factories.items():
                 bar.set_description(f"{config} w={w} {name}")
                 m = measure(factory(w), max_items=max_items, warmup=warmup)
-                rows.append(
-                    {
-                        "config": config,
-                        "workers": w,
-                        "loader": name,
-                        "img/s": round(m.img_per_s, 1),
-                        "first_batch_s": round(m.first_batch_s, 3),
-                        "images": m.images,
-                        "ratio": None,
-                    }
-                )
+                rows.append(_row(config, w, name, m))
                 log.info("measured %s", rows[-1])
                 bar.update(1)
     finally:
