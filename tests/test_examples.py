@@ -89,3 +89,13 @@ def test_gpu_preprocessing(cache_dir: Path, capsys: pytest.CaptureFixture) -> No
     if not torch.cuda.is_available():
         assert rows[0]["device"] == "cpu"
         assert "CPU fallback" in capsys.readouterr().out
+
+
+def test_core_loader_benchmark(capsys: pytest.CaptureFixture) -> None:
+    rows = load("core_loader_benchmark.py").main(["--smoke"])
+    assert [r["config"] for r in rows] == ["unbatched", "batch 64"]
+    for r in rows:
+        assert r["dataloader_items_s"] > 0 and r["thread_items_s"] > 0
+        assert r["speedup"] == pytest.approx(r["thread_items_s"] / r["dataloader_items_s"])
+    out = capsys.readouterr().out
+    assert "speedup" in out and "unbatched" in out and "batch 64" in out
