@@ -488,3 +488,15 @@ def test_pinning_exception_reaches_user(monkeypatch, iterable):
     with pytest.raises(MemoryError, match="(?s)worker thread 0 \\(pin_memory\\).*cannot pin"):
         next(it)
     del it
+
+
+@pytest.mark.parametrize("copier", ["pickle", "deepcopy"])
+def test_loader_can_be_pickled_and_copied_like_dataloader(copier):
+    import copy
+    import pickle
+
+    loader = ThreadDataLoader(Squares(10), batch_size=3, num_workers=2)
+    list(loader)  # after an epoch, as Lightning/Accelerate may copy it
+    clone = pickle.loads(pickle.dumps(loader)) if copier == "pickle" else copy.deepcopy(loader)
+    assert type(clone) is ThreadDataLoader
+    assert to_list(clone) == to_list(DataLoader(Squares(10), batch_size=3))

@@ -130,7 +130,7 @@ def warn_iterable_length(dataset: Any, reported: int, yielded: int, num_workers:
             "IterableDataset replica at each worker. Please see "
             "https://pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset for examples."
         )
-    warnings.warn(msg, stacklevel=4)
+    warnings.warn(msg, stacklevel=3)  # the caller of __next__, as DataLoader points
 
 
 def pin_memory(data: Any, device: str | None) -> Any:

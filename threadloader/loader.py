@@ -92,6 +92,13 @@ class ThreadDataLoader(DataLoader):
         self._live_iterator = weakref.ref(it)
         return it
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Picklable like DataLoader: the weak reference to the live iterator
+        # is process-local (a copy has no iterator of its own yet).
+        state = self.__dict__.copy()
+        state["_live_iterator"] = None
+        return state
+
     def _get_iterator(self):
         plan = self._pending_plan
         if self.num_workers == 0:

@@ -19,7 +19,8 @@ GIL_CHECK_INTERVAL_S = 1.0
 
 GIL_WARNING = (
     "ThreadDataLoader: the {workers} worker threads were busy {util:.0%} of the last {window:.1f}s but used only "
-    "{cores:.2f} CPU cores together: the dataset's Python code holds the GIL, so these threads take turns "
+    "{cores:.2f} CPU cores together while the training loop waited for data: the dataset's Python code most "
+    "likely holds the GIL, so these threads take turns "
     "instead of running in parallel and more workers will not load faster. Release the GIL in the expensive "
     "step: do it in a library call that releases it (NumPy/torch operations, Pillow or "
     "threadloader.io.decode_image for images, zlib, file reads) instead of a Python loop."
