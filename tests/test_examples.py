@@ -73,8 +73,9 @@ def test_data_formats_loaders_agree(cache_dir: Path) -> None:
             assert (sample[key].numpy() == expected[key]).all(), (fmt, name, key)
 
 
-def test_decode_and_crop(cache_dir: Path) -> None:
-    rows = run("decode_and_crop.py", cache_dir, "--workers", "1")
+@pytest.mark.parametrize("extra", [(), ("--source-size", "300x400")])
+def test_decode_and_crop(cache_dir: Path, extra: tuple[str, ...]) -> None:
+    rows = run("decode_and_crop.py", cache_dir, "--workers", "1", *extra)
     methods = {r["method"] for r in rows}
     assert len(methods) == 2
     assert all(r["img/s"] > 0 for r in rows)
