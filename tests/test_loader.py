@@ -500,3 +500,22 @@ def test_loader_can_be_pickled_and_copied_like_dataloader(copier):
     clone = pickle.loads(pickle.dumps(loader)) if copier == "pickle" else copy.deepcopy(loader)
     assert type(clone) is ThreadDataLoader
     assert to_list(clone) == to_list(DataLoader(Squares(10), batch_size=3))
+
+
+def test_batch_sampler_yielding_iterators_and_empty_batches():
+    class IterBatches:
+        def __iter__(self):
+            yield iter([0, 1])
+            yield (i for i in [3])
+
+        def __len__(self):
+            return 2
+
+    got = to_list(ThreadDataLoader(Squares(4), batch_sampler=IterBatches(), num_workers=2))
+    assert got == to_list(DataLoader(Squares(4), batch_sampler=IterBatches()))
+    # an empty batch reaches collate_fn, which decides (default_collate raises)
+    with pytest.raises(IndexError):
+        list(ThreadDataLoader(Squares(4), batch_sampler=[[]], num_workers=1))
+    with pytest.raises(IndexError):
+        list(DataLoader(Squares(4), batch_sampler=[[]]))
+    assert list(ThreadDataLoader(Squares(4), batch_sampler=[[]], num_workers=1, collate_fn=len)) == [0]

@@ -390,6 +390,8 @@ class ThreadedLoaderIter(BaseDataLoaderIter):
         if self._prefetch_factor <= 0:
             raise AssertionError("prefetch_factor must be greater than 0 for ThreadedLoaderIter")
         self._is_iterable = self._dataset_kind == DatasetKind.Iterable
+        # One unit per task: no batching, or a dataset that fetches whole batches.
+        self._whole_tasks = not self._auto_collation or bool(getattr(self._dataset, "__getitems__", None))
         self._stats = LoaderStats()
         device_index = None
         if self._pin_memory and torch.accelerator.is_available():
@@ -497,10 +499,16 @@ class ThreadedLoaderIter(BaseDataLoaderIter):
             self._workers_num_tasks[worker_id] += 1
         else:
             worker_id = -1
-            whole = not self._auto_collation or bool(getattr(self._dataset, "__getitems__", None))
-            n_units = 1 if whole else len(index)
-            batch = _Batch(idx, shared.generation, index, n_units, whole)
-            if n_units == 0:
+            if self._whole_tasks:
+                n_units = 1
+            else:
+                if not isinstance(index, (list, tuple)):
+                    index = list(index)  # a batch sampler may yield any iterable of indices
+                n_units = len(index)
+            batch = _Batch(idx, shared.generation, index, n_units, self._whole_tasks)
+            if n_units == 1:
+                shared.units.put((batch, 0))
+            elif n_units == 0:
                 # An empty index list still goes through collate_fn, as in
                 # DataLoader (whose default_collate then raises).
                 shared.units.put((batch, -1))
