@@ -398,7 +398,7 @@ def test_load_npy_errors() -> None:
     cases = {
         b"": "not an NPY file",
         b"PK\x03\x04" + good[4:]: "not an NPY file",
-        good[:8]: "not an NPY file",
+        good[:8]: "truncated NPY header",
         good[:20]: "truncated NPY header",
         good[:-1]: "truncated NPY data",
         good[:6] + b"\x04\x00" + good[8:]: "unsupported NPY format version",

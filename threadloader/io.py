@@ -490,8 +490,10 @@ def load_npy(data: Any) -> np.ndarray:
 
 def _parse_npy(view: memoryview, what: str) -> np.ndarray:
     n = view.nbytes
-    if n < 10 or view[:6].tobytes() != _NPY_MAGIC:
+    if view[:6].tobytes() != _NPY_MAGIC:
         raise ValueError(f"{what}: not an NPY file (expected magic {_NPY_MAGIC!r}, got {view[:6].tobytes()!r})")
+    if n < 10:
+        raise ValueError(f"{what}: truncated NPY header ({n} bytes, a header needs at least 10)")
     major, minor = view[6], view[7]
     if major == 1:
         (hlen,), start, encoding = struct.unpack("<H", view[8:10]), 10, "latin1"
