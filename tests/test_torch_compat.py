@@ -117,3 +117,14 @@ def test_new_shared_uint8():
 def test_collate_walker_is_torchs():
     assert compat.collate is torch_collate.collate
     assert compat.default_collate_fn_map is torch_collate.default_collate_fn_map
+
+
+def test_profiler_enabled_and_our_iterator_records_under_a_profiler():
+    from threadloader import ThreadDataLoader
+
+    assert compat.profiler_enabled() is False
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        assert compat.profiler_enabled() is True
+        list(ThreadDataLoader([1, 2, 3], num_workers=1))
+    names = {e.name for e in prof.events()}
+    assert any(n.startswith("enumerate(DataLoader)#ThreadedLoaderIter") for n in names), sorted(names)[:20]

@@ -15,9 +15,10 @@ with ``__getitems__`` gets one call per batch (torch's semantics). An
 IterableDataset gets one replica iterator per worker and the round-robin task
 assignment DataLoader uses, so the batch sequence is the same.
 
-All state the threads touch lives in :class:`_Shared`, guarded by one lock.
-The threads never reference the iterator object, so dropping the iterator
-(``del``, garbage collection) runs its finalizer, which stops and joins them.
+All state the threads touch lives in :class:`_Shared`: C-level queues for
+hand-offs, and one lock for the per-batch completion counts. The threads never
+reference the iterator object, so dropping the iterator (``del``, garbage
+collection) runs its finalizer, which stops and joins them.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from ._torch_compat import (
     SingleProcessDataLoaderIter,
     create_fetcher,
     pin_memory,
+    profiler_enabled,
     warn_iterable_length,
 )
 from .state import EpochStart, ResumePlan, progress_record
@@ -429,7 +431,7 @@ class ThreadedLoaderIter(BaseDataLoaderIter):
         # no profiler runs. Its exit op releases the GIL, and with busy worker
         # threads the consumer then waits for the GIL on every item. Keep the
         # profiler range when a profiler is active; skip it otherwise.
-        if torch.autograd._profiler_enabled():
+        if profiler_enabled():
             return super().__next__()
         if self._sampler_iter is None:
             self._reset()  # type: ignore[call-arg]  # as torch does
