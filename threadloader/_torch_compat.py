@@ -116,9 +116,9 @@ def create_fetcher(kind: int, dataset: Any, auto_collation: bool, collate_fn: Ca
     return DatasetKind.create_fetcher(kind, dataset, auto_collation, collate_fn, drop_last)
 
 
-def profiler_enabled() -> bool:
-    """Whether an autograd profiler is recording (DataLoader's per-step range matters then)."""
-    return torch.autograd._profiler_enabled()
+#: Whether an autograd profiler is recording (DataLoader's per-step range
+#: matters then). torch's C function itself: it is called once per batch.
+profiler_enabled: Callable[[], bool] = torch.autograd._profiler_enabled
 
 
 def warn_iterable_length(dataset: Any, reported: int, yielded: int, num_workers: int) -> None:
