@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from torch.utils.data import DataLoader, Dataset, Sampler
 
@@ -77,8 +77,11 @@ class ThreadDataLoader(DataLoader):
         self._resume_plan: _state.ResumePlan | None = None
         self._pending_plan: _state.ResumePlan | None = None
         self._live_iterator: weakref.ref | None = None
+        # The counters of the last threaded iterator, not the iterator: holding
+        # it would keep its threads alive after the user dropped it.
+        self._last_stats: LoaderStats | None = None
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         plan, self._resume_plan = self._resume_plan, None
         if plan is None:
             it = super().__iter__()
@@ -99,14 +102,12 @@ class ThreadDataLoader(DataLoader):
         state["_live_iterator"] = None
         return state
 
-    def _get_iterator(self):
+    def _get_iterator(self) -> ResumableSingleIter | ThreadedLoaderIter:
         plan = self._pending_plan
         if self.num_workers == 0:
             return ResumableSingleIter(self, plan)
         self.check_worker_number_rationality()
         it = ThreadedLoaderIter(self, plan)
-        # Keep the counters, not the iterator: holding the iterator would keep
-        # its threads alive after the user dropped it.
         self._last_stats = it.stats
         return it
 
@@ -118,7 +119,7 @@ class ThreadDataLoader(DataLoader):
             dict of batches, items, consumer wait, fetch/collate/pin time and
             worker utilisation.
         """
-        return getattr(self, "_last_stats", None)
+        return self._last_stats
 
     # --- checkpointing --------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
