@@ -1,19 +1,15 @@
 """Random crops: decode everything then crop, or decode only what the crop needs.
 
 ``RandomResizedCrop`` keeps 8%-100% of an image, then resizes it to 224x224.
-Decoding a large JPEG at full resolution only to shrink the crop afterwards
-wastes work. threadloader's crop-aware decoding (``decode_image(path,
-crop=(top, left, height, width), size=...)``) knows the crop and the output
-size before it decodes, so when the crop is much larger than the output
-(at least 2x the output per side times ``reducing_gap``, default 2) it lets
-libjpeg-turbo decode at 1/2, 1/4 or 1/8 scale in the DCT domain: 4x to 64x
-fewer pixels through the IDCT, colour conversion and resize. On ImageNet-size
-sources (~500x375) and 224 outputs the crop is rarely large enough, so both
-methods decode the same pixels and run at the same speed; on camera-size
-images (``--source-size 1200x1600``) the crop-aware path is several times
-faster. (Skipping the rows and columns outside the crop would need
-libjpeg-turbo's ``jpeg_skip_scanlines``/``jpeg_crop_scanline``, which
-simplejpeg does not expose: the whole scale-reduced image is decoded.)
+Decoding the whole JPEG to throw most of it away wastes work. threadloader's
+crop-aware decoding (``decode_image(path, crop=(top, left, height, width),
+size=...)``) knows the crop before it decodes: libjpeg-turbo (TurboJPEG 3's
+cropping region) stops after the crop's last row, skips the IDCT and colour
+conversion of the rows above it and of the MCU columns outside it, and, when
+the crop is much larger than the output, decodes at 1/2, 1/4 or 1/8 scale in
+the DCT domain. On a platform without a TurboJPEG 3 library the crop is cut
+from a full decode (same pixels, no speed-up). ``--source-size 1200x1600``
+generates camera-size sources, where DCT scaling adds to the gain.
 
 In training, ``ImageFolder(root, loader=RandomResizedCropLoader(224))`` does
 this per sample. This script draws the same random crop boxes

@@ -18,6 +18,7 @@ from PIL import Image
 
 from threadloader import Frame, frame_collate
 from threadloader.datagen import photo_like_image
+from threadloader import _turbojpeg
 from threadloader.io import (
     ImageDecodeError,
     RandomResizedCropLoader,
@@ -247,7 +248,10 @@ def test_bad_input_errors_name_source_and_reason(case, jpeg, rgb, tmp_path) -> N
     p = tmp_path / f"{case}.img"
     p.write_bytes(data)
     for src, name in [(p, str(p)), (data, f"<bytes of length {len(data)}>")]:
-        for call in (decode_image, functools.partial(decode_image, size=(8, 8)), RandomResizedCropLoader(8)):
+        # The crop loader is asked for the whole image: a crop decode reads the
+        # file only down to the crop's last row (see test_crop_decode_reads_only_what_it_needs).
+        whole = RandomResizedCropLoader(8, scale=(1.0, 1.0), ratio=(160 / 120, 160 / 120))
+        for call in (decode_image, functools.partial(decode_image, size=(8, 8)), whole):
             with pytest.raises(ImageDecodeError) as info:
                 call(src)
             msg = str(info.value)
@@ -431,3 +435,34 @@ def test_load_npz_errors() -> None:
     bad[60:80] = b"\xff" * 20  # inside the deflate stream
     with pytest.raises(ValueError, match="'a.npy'"):
         load_npz(bytes(bad))
+
+
+@pytest.mark.skipif(not _turbojpeg.available(), reason="needs a TurboJPEG 3 library for region decoding")
+def test_crop_decode_reads_only_what_it_needs(rgb, jpeg) -> None:
+    # Region decoding: the same pixels as decode + slice (edge pixels may
+    # differ by chroma upsampling at the crop border)...
+    full = decode_image(jpeg).numpy().astype(int)
+    for box in [(0, 0, 40, 50), (17, 33, 60, 70), (64, 96, 56, 64), (0, 0, 120, 160)]:
+        t, l, h, w = box
+        got = decode_image(jpeg, crop=box).numpy().astype(int)
+        assert got.shape == (h, w, 3)
+        assert np.abs(got - full[t:t + h, l:l + w]).mean() < 0.5
+    # ...and rows below the crop are never read: corrupting them does not
+    # affect a crop at the top, while a whole-image decode refuses the file.
+    bad = bytearray(jpeg)
+    tail = len(jpeg) - 400
+    bad[tail:tail + 64] = b"\xff" * 64  # a run of marker prefixes: the full decode must fail
+    top = decode_image(bytes(bad), crop=(0, 0, 16, 160)).numpy().astype(int)
+    assert np.abs(top - full[:16]).mean() < 0.5
+    with pytest.raises(ImageDecodeError):
+        decode_image(bytes(bad))
+    # Truncation is still refused, wherever the crop is.
+    with pytest.raises(ImageDecodeError, match="truncated"):
+        decode_image(jpeg[:-2], crop=(0, 0, 16, 16))
+
+
+def test_region_decoder_is_found_or_cleanly_absent() -> None:
+    assert _turbojpeg.available() == (_turbojpeg.library_path() is not None)
+    if not _turbojpeg.available():
+        with pytest.raises(RuntimeError):
+            _turbojpeg.decode_region(b"", 1, (0, 0, 1, 1))

@@ -31,6 +31,7 @@ from typing import Any, Mapping, Sequence, Union
 import numpy as np
 import torch
 
+from . import _turbojpeg
 from ._torch_compat import resize_uint8_channels_last
 from .frames import Frame
 
@@ -144,6 +145,23 @@ def _decode_simplejpeg(
     height, width = header[0], header[1]
     top, left, ch, cw = _check_crop(crop, height, width, name) if crop is not None else (0, 0, height, width)
     factor = _dct_factor((ch, cw), size, reducing_gap) if (size is not None and reducing_gap) else 1
+    if crop is not None and _turbojpeg.available():
+        # Decode only the crop (rows above it are skipped, rows below never
+        # read, columns outside it not transformed), at the same scale and
+        # with the same edges as the whole-image path below.
+        sh, sw = -(-height // factor), -(-width // factor)
+        t, b = _edge(top * sh / height), _edge((top + ch) * sh / height)
+        l, r = _edge(left * sw / width), _edge((left + cw) * sw / width)
+        raw = data if isinstance(data, bytes) else bytes(data)
+        # libjpeg stops reading after the crop's last row: check the end of
+        # the file here, so that a truncated file is refused as it is below.
+        if not _complete(raw, "JPEG"):
+            raise _fail(name, "corrupt or truncated JPEG (no end-of-image marker after the scan)")
+        try:
+            return _turbojpeg.decode_region(raw, factor, (t, l, max(b, t + 1), max(r, l + 1)),
+                                            fastdct=fastdct, fastupsample=fastupsample)
+        except ValueError as e:
+            raise _fail(name, f"corrupt or truncated JPEG ({e})") from e
     kwargs: dict[str, Any] = {}
     if factor > 1:
         kwargs = dict(min_height=-(-height // factor), min_width=-(-width // factor))
