@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import default_collate
 
 from threadloader import Frame, frame_collate
-from threadloader._context import collating
+from threadloader._context import set_collating
 
 Point = collections.namedtuple("Point", "image label")
 
@@ -140,7 +140,10 @@ def test_collate_not_pinned_by_default() -> None:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA for pinned memory")
 def test_collate_allocates_pinned_when_requested() -> None:
-    with collating(True, "cuda"):
+    set_collating(True)
+    try:
         out = frame_collate([_frame(seed=i) for i in range(3)])
+    finally:
+        set_collating(False)
     assert out.is_pinned()
     assert torch.equal(out, default_collate([_frame(seed=i).to_tensor().contiguous() for i in range(3)]))

@@ -134,7 +134,7 @@ def _worker_main(shared: _Shared, cfg: _Config, worker_id: int) -> None:
         worker.enter_worker(worker_id, cfg.num_workers, cfg.base_seed, cfg.dataset)
         # This thread only ever collates for this loader: tell collate
         # functions (frame_collate) once whether batches get pinned.
-        _context.set_collating(cfg.pin, cfg.pin_device)
+        _context.set_collating(cfg.pin)
         init_error = None
         try:
             if cfg.init_fn is not None:
@@ -149,7 +149,7 @@ def _worker_main(shared: _Shared, cfg: _Config, worker_id: int) -> None:
         if not shared.stopping:
             shared.results.put((_DIED, shared.generation, -1, worker_id, exc))
     finally:
-        _context.set_collating(False, None)
+        _context.set_collating(False)
         worker.leave_worker()
 
 

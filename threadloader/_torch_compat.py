@@ -27,7 +27,6 @@ import types
 from typing import Any, Callable
 
 import torch
-import torch.utils.data as tud
 from torch._utils import ExceptionWrapper
 from torch.utils.data import dataloader as _dl
 from torch.utils.data._utils import collate as _collate
@@ -46,7 +45,6 @@ __all__ = [
     "pin_memory",
     "install",
     "set_thread_worker_info",
-    "thread_worker_info",
 ]
 
 #: torch's base iterator: draws the base seed, builds the sampler iterator,
@@ -65,11 +63,6 @@ _installed = False
 def set_thread_worker_info(info: Any) -> None:
     """Set (or clear with None) the worker info seen by the current thread."""
     _tls.info = info
-
-
-def thread_worker_info() -> Any:
-    """The worker info set for the current thread by threadloader, or None."""
-    return getattr(_tls, "info", None)
 
 
 def numpy_seed_state(base_seed: int, worker_id: int) -> list[int]:
@@ -221,11 +214,6 @@ def install() -> None:
         if _collate.default_collate_fn_map.get(tensor_type) is _original_collate_tensor:
             _collate.default_collate_fn_map[tensor_type] = _collate_tensor_without_shm
         _installed = True
-
-
-def get_worker_info() -> Any:
-    """torch's ``get_worker_info`` (thread-aware once :func:`install` ran)."""
-    return tud.get_worker_info()
 
 
 # Keep a reference so tests can check the patch targets the same function.

@@ -136,6 +136,22 @@ def _edge(x: float) -> int:
     return int(math.floor(x + 0.5))
 
 
+def _scaled_box(crop: tuple[int, int, int, int], sy: float, sx: float) -> tuple[int, int, int, int]:
+    """Map a source crop ``(top, left, height, width)`` into an image decoded at scale ``(sy, sx)``.
+
+    At scale 1/f each decoded pixel is one f x f source block, so a source
+    edge y maps to y / f exactly; fractional edges round to the nearest pixel
+    and the box keeps at least one pixel per side.
+
+    Returns:
+        ``(top, left, bottom, right)`` in the decoded image.
+    """
+    top, left, h, w = crop
+    t, b = _edge(top * sy), _edge((top + h) * sy)
+    l, r = _edge(left * sx), _edge((left + w) * sx)
+    return t, l, max(b, t + 1), max(r, l + 1)
+
+
 def _decode_simplejpeg(
     data: Any, name: str, header: tuple, size: tuple[int, int] | None, crop: Sequence[int] | None,
     reducing_gap: float | None, fastdct: bool, fastupsample: bool,
@@ -149,17 +165,14 @@ def _decode_simplejpeg(
         # Decode only the crop (rows above it are skipped, rows below never
         # read, columns outside it not transformed), at the same scale and
         # with the same edges as the whole-image path below.
-        sh, sw = -(-height // factor), -(-width // factor)
-        t, b = _edge(top * sh / height), _edge((top + ch) * sh / height)
-        l, r = _edge(left * sw / width), _edge((left + cw) * sw / width)
+        box = _scaled_box((top, left, ch, cw), -(-height // factor) / height, -(-width // factor) / width)
         raw = data if isinstance(data, bytes) else bytes(data)
         # libjpeg stops reading after the crop's last row: check the end of
         # the file here, so that a truncated file is refused as it is below.
         if not _complete(raw, "JPEG"):
             raise _fail(name, "corrupt or truncated JPEG (no end-of-image marker after the scan)")
         try:
-            return _turbojpeg.decode_region(raw, factor, (t, l, max(b, t + 1), max(r, l + 1)),
-                                            fastdct=fastdct, fastupsample=fastupsample)
+            return _turbojpeg.decode_region(raw, factor, box, fastdct=fastdct, fastupsample=fastupsample)
         except ValueError as e:
             raise _fail(name, f"corrupt or truncated JPEG ({e})") from e
     kwargs: dict[str, Any] = {}
@@ -173,16 +186,12 @@ def _decode_simplejpeg(
     except ValueError as e:
         raise _fail(name, f"corrupt or truncated JPEG ({e})") from e
     if factor > 1 or crop is not None:
-        # Map the crop into the decoded image. At scale 1/f each output pixel
-        # is one f x f source block, so source edge y maps to y / f exactly;
-        # the fractional edges are rounded to the nearest pixel.
         if arr.shape[:2] == (-(-height // factor), -(-width // factor)):
             sy = sx = 1.0 / factor
         else:  # pragma: no cover - libjpeg chose another scale
             sy, sx = arr.shape[0] / height, arr.shape[1] / width
-        t, b = _edge(top * sy), _edge((top + ch) * sy)
-        l, r = _edge(left * sx), _edge((left + cw) * sx)
-        arr = arr[t:max(b, t + 1), l:max(r, l + 1)]
+        t, l, b, r = _scaled_box((top, left, ch, cw), sy, sx)
+        arr = arr[t:b, l:r]
     return arr
 
 
