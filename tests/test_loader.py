@@ -128,19 +128,26 @@ def test_getitems_is_called_once_per_batch():
     assert sorted(ds.calls) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
 
 
-def test_samples_of_one_batch_are_fetched_in_parallel():
-    # A batch of 4 slow samples on 4 threads takes about one sample's time.
-    barrier = threading.Barrier(4, timeout=10)
+class _WhoFetched(Dataset):
+    """Each sample says which worker fetched it (picklable for worker processes)."""
 
-    class NeedsAllFour(Dataset):
-        def __len__(self):
-            return 4
+    def __len__(self):
+        return 23
 
-        def __getitem__(self, i):
-            barrier.wait()  # only passes if 4 samples of the batch run at once
-            return i
+    def __getitem__(self, i):
+        info = torch.utils.data.get_worker_info()
+        return i, (-1 if info is None else info.id)
 
-    assert to_list(ThreadDataLoader(NeedsAllFour(), batch_size=4, num_workers=4)) == [[0, 1, 2, 3]]
+
+@pytest.mark.parametrize("batch_size", [None, 1, 4])
+def test_tasks_go_to_workers_as_in_dataloader(batch_size):
+    # Task i is served whole by worker i mod num_workers, as by DataLoader's
+    # worker processes: per-worker randomness then follows the same stream.
+    kwargs = dict(batch_size=batch_size, num_workers=3, shuffle=True, generator=torch.Generator().manual_seed(5))
+    ours = to_list(ThreadDataLoader(_WhoFetched(), **kwargs))
+    kwargs["generator"] = torch.Generator().manual_seed(5)
+    theirs = to_list(DataLoader(_WhoFetched(), **kwargs))
+    assert ours == theirs
 
 
 def test_custom_collate_and_batch_sampler_iterable():

@@ -1,24 +1,26 @@
 """The thread engine: worker threads, the work they share, and the iterator.
 
 The consumer (the thread iterating the loader) drives everything, exactly as
-DataLoader's main process does: it pulls indices from the sampler, hands tasks
-to the workers, keeps at most ``prefetch_factor * num_workers`` tasks in
+DataLoader's main process does: it pulls indices from the sampler, assigns each
+task (a batch, or one sample without batching) to a worker in DataLoader's
+round-robin order, keeps at most ``prefetch_factor * num_workers`` tasks in
 flight, and releases results in sampler order (or as ready with
 ``in_order=False``). Because sampler iteration stays on the consumer thread,
 samplers need not be thread-safe and the global RNG is consumed exactly as
 DataLoader consumes it.
 
-Map-style datasets are fetched per *sample*: a batch is split into units that
-any worker may take, and the worker that completes a batch's last unit collates
-it. One slow sample therefore does not stall a whole worker's batch. A dataset
-with ``__getitems__`` gets one call per batch (torch's semantics). An
-IterableDataset gets one replica iterator per worker and the round-robin task
-assignment DataLoader uses, so the batch sequence is the same.
+A worker fetches the samples of its task one after another and collates them,
+as a DataLoader worker process does. Keeping DataLoader's assignment (task i
+goes to worker i mod num_workers while all are active) is what makes per-worker
+randomness reproducible: each worker draws from its own generators in the same
+order as the worker process with the same id would. A dataset with
+``__getitems__`` gets one call per batch (torch's semantics). An IterableDataset
+gets one replica iterator per worker.
 
-All state the threads touch lives in :class:`_Shared`: C-level queues for
-hand-offs, and one lock for the per-batch completion counts. The threads never
-reference the iterator object, so dropping the iterator (``del``, garbage
-collection) runs its finalizer, which stops and joins them.
+All state the threads touch lives in :class:`_Shared`: one C-level job queue
+per worker and one result queue. The threads never reference the iterator
+object, so dropping the iterator (``del``, garbage collection) runs its
+finalizer, which stops and joins them.
 """
 
 from __future__ import annotations
@@ -52,11 +54,6 @@ from .stats import LoaderStats, WorkerCounters
 #: daemon and exits at its next check); we never wait on it for long.
 JOIN_BUDGET_S = 1.0
 
-#: A worker takes several units per queue round-trip when samples are cheap;
-#: this is the work (seconds) it aims to take at once.
-_CHUNK_TARGET_S = 200e-6
-_MAX_CHUNK = 64
-
 #: Message kinds on the result queue.
 _DATA, _STOPPED, _DIED = 0, 1, 2
 
@@ -68,6 +65,7 @@ class _Config:
     dataset: Any
     kind: int
     auto_collation: bool
+    has_getitems: bool  # auto-collated batches are one __getitems__ call
     collate_fn: Callable
     drop_last: bool
     base_seed: int
@@ -78,35 +76,16 @@ class _Config:
     device_index: int | None
 
 
-class _Batch:
-    """One task of a map-style dataset, filled unit by unit (under ``_Shared.lock``)."""
-
-    __slots__ = ("idx", "gen", "index", "slots", "remaining", "error", "whole")
-
-    def __init__(self, idx: int, gen: int, index: Any, n_units: int, whole: bool) -> None:
-        self.idx = idx
-        self.gen = gen
-        self.index = index  # the sampler's index (a list when auto-collating)
-        self.slots: list[Any] = [None] * n_units
-        self.remaining = max(n_units, 1)  # an empty index list is one (empty) unit
-        self.error: ExceptionWrapper | None = None
-        self.whole = whole  # one unit for the whole batch (__getitems__ / no batching)
-
-
 class _Shared:
     """What the consumer and the worker threads share.
 
     Hand-offs go through ``queue.SimpleQueue`` (C-level, cheap, and its
-    blocking ``get`` releases the GIL and is interruptible): map-style units
-    on one shared queue, IterableDataset jobs on one queue per worker (tasks
-    are assigned), and every result on one result queue, as in DataLoader.
-    ``lock`` guards only the per-batch completion counts.
+    blocking ``get`` releases the GIL and is interruptible): one job queue
+    per worker (tasks are assigned, as in DataLoader) and one result queue.
     """
 
     def __init__(self, num_workers: int) -> None:
         self.num_workers = num_workers
-        self.lock = threading.Lock()
-        self.units: queue.SimpleQueue = queue.SimpleQueue()
         self.jobs = [queue.SimpleQueue() for _ in range(num_workers)]
         self.results: queue.SimpleQueue = queue.SimpleQueue()
         # Written by the consumer, read by workers to skip stale or unneeded
@@ -175,104 +154,61 @@ def _finish(cfg: _Config, data: Any, counters: WorkerCounters, worker_id: int) -
     return data
 
 
-def _take(units: queue.SimpleQueue, limit: int) -> list | None:
-    """Block for one unit, then take up to ``limit`` without blocking. None: stop."""
-    first = units.get()
-    if first is None:
-        return None
-    work = [first]
-    while len(work) < limit and not units.empty():  # empty(): no exception per miss
-        try:
-            unit = units.get_nowait()
-        except queue.Empty:  # another worker was quicker
-            break
-        if unit is None:  # a stop sentinel: leave it for... no one needs it but us
-            units.put(None)
-            break
-        work.append(unit)
-    return work
-
-
 def _serve_map(shared: _Shared, cfg: _Config, worker_id: int, init_error: ExceptionWrapper | None) -> None:
-    per_unit_s: float | None = _CHUNK_TARGET_S  # running estimate of one unit's fetch time
-    while per_unit_s is not None:
-        per_unit_s = _map_step(shared, cfg, worker_id, init_error, per_unit_s)
+    while _map_step(shared, cfg, worker_id, init_error):
+        pass
 
 
-def _map_step(
-    shared: _Shared, cfg: _Config, worker_id: int, init_error: ExceptionWrapper | None, per_unit_s: float
-) -> float | None:
-    """Take a chunk of units, fetch them, and collate every batch it completes.
+def _fetch_map(cfg: _Config, index: Any, worker_id: int) -> Any:
+    """The samples of one map-style task, in index order, or an ExceptionWrapper."""
+    dataset = cfg.dataset
+    if not cfg.auto_collation:
+        try:
+            return dataset[index]
+        except Exception:
+            return ExceptionWrapper(where=_where(worker_id, f"dataset index {index!r}"))
+    if cfg.has_getitems:
+        try:
+            return dataset.__getitems__(index)
+        except Exception:
+            return ExceptionWrapper(where=_where(worker_id, "__getitems__"))
+    data = []
+    for i in index:
+        try:
+            data.append(dataset[i])
+        except Exception:
+            return ExceptionWrapper(where=_where(worker_id, f"dataset index {i!r}"))
+    return data
+
+
+def _map_step(shared: _Shared, cfg: _Config, worker_id: int, init_error: ExceptionWrapper | None) -> bool:
+    """Serve one map-style task: fetch its samples, collate, post. False: stop.
 
     A function of its own so that its locals (samples, the collated batch)
     are released before the worker waits again: an idle persistent worker
-    must not keep the last batch alive. Returns the new per-unit estimate, or
-    None when the worker must stop.
+    must not keep the last batch alive.
     """
     counters = shared.counters[worker_id]
     counters.busy = False
-    work = _take(shared.units, max(1, min(_MAX_CHUNK, int(_CHUNK_TARGET_S / per_unit_s))))
-    if work is None or shared.stopping:
-        return None
+    job = shared.jobs[worker_id].get()
+    if job is None or shared.stopping:
+        return False
     counters.busy = True
-    dataset = cfg.dataset
-    done: list[tuple[_Batch, int, Any]] = []
+    idx, gen, index = job
+    if gen != shared.generation:
+        return True  # an abandoned epoch's task: the consumer no longer waits for it
+    if init_error is not None:
+        shared.post(gen, idx, worker_id, init_error)
+        return True
     t0 = time.perf_counter()
-    for batch, pos in work:
-        if batch.error is not None or batch.gen != shared.generation or pos < 0:
-            done.append((batch, pos, None))  # failed, abandoned, or an empty batch
-            continue
-        if init_error is not None:
-            done.append((batch, pos, init_error))
-            continue
-        try:
-            if batch.whole and cfg.auto_collation:
-                value = dataset.__getitems__(batch.index)
-            elif batch.whole:
-                value = dataset[batch.index]
-            else:
-                value = dataset[batch.index[pos]]
-        except Exception:
-            what = "__getitems__" if batch.whole and cfg.auto_collation else (
-                f"dataset index {batch.index if batch.whole else batch.index[pos]!r}")
-            value = ExceptionWrapper(where=_where(worker_id, what))
-        done.append((batch, pos, value))
-    elapsed = time.perf_counter() - t0
-    counters.fetch_s += elapsed
-    counters.items += len(work)
-    completed = []
-    shared_units = []
-    for item in done:
-        batch, pos, value = item
-        if len(batch.slots) > 1:
-            shared_units.append(item)  # other workers may hold units of this batch
-            continue
-        # A batch of one unit is this worker's alone: no lock needed.
-        if isinstance(value, ExceptionWrapper):
-            batch.error = batch.error or value
-        elif pos >= 0 and value is not None:
-            batch.slots[pos] = value
-        completed.append(batch)
-    if shared_units:
-        with shared.lock:
-            for batch, pos, value in shared_units:
-                if isinstance(value, ExceptionWrapper):
-                    if batch.error is None:
-                        batch.error = value
-                elif pos >= 0 and value is not None:
-                    batch.slots[pos] = value
-                batch.remaining -= 1
-                if batch.remaining == 0:
-                    completed.append(batch)
-    for batch in completed:
-        payload: Any = batch.error
-        if payload is None:
-            data = batch.slots if cfg.auto_collation and not batch.whole else batch.slots[0]
-            payload = _finish(cfg, data, counters, worker_id)
-        batch.slots = []  # drop sample references early
-        shared.post(batch.gen, batch.idx, worker_id, payload)
-        counters.tasks += 1
-    return 0.7 * per_unit_s + 0.3 * max(elapsed / len(work), 1e-7)
+    payload = _fetch_map(cfg, index, worker_id)
+    counters.fetch_s += time.perf_counter() - t0
+    counters.items += len(index) if cfg.auto_collation else 1
+    if not isinstance(payload, ExceptionWrapper):
+        payload = _finish(cfg, payload, counters, worker_id)
+    shared.post(gen, idx, worker_id, payload)
+    counters.tasks += 1
+    return True
 
 
 class _Replica:
@@ -352,9 +288,6 @@ def _drain(q: queue.SimpleQueue) -> None:
 def _stop_threads(shared: _Shared, threads: list[threading.Thread]) -> None:
     """Tell every worker to stop, then join them within :data:`JOIN_BUDGET_S`."""
     shared.stopping = True
-    _drain(shared.units)
-    for _ in threads:
-        shared.units.put(None)  # one sentinel per worker: each exits on its first
     for jobs in shared.jobs:
         _drain(jobs)
         jobs.put(None)
@@ -392,8 +325,6 @@ class ThreadedLoaderIter(BaseDataLoaderIter):
         if self._prefetch_factor <= 0:
             raise AssertionError("prefetch_factor must be greater than 0 for ThreadedLoaderIter")
         self._is_iterable = self._dataset_kind == DatasetKind.Iterable
-        # One unit per task: no batching, or a dataset that fetches whole batches.
-        self._whole_tasks = not self._auto_collation or bool(getattr(self._dataset, "__getitems__", None))
         self._stats = LoaderStats()
         device_index = None
         if self._pin_memory and torch.accelerator.is_available():
@@ -402,6 +333,8 @@ class ThreadedLoaderIter(BaseDataLoaderIter):
             dataset=self._dataset,
             kind=self._dataset_kind,
             auto_collation=self._auto_collation,
+            # as torch's map fetcher decides it
+            has_getitems=bool(getattr(self._dataset, "__getitems__", None)),
             collate_fn=self._collate_fn,
             drop_last=self._drop_last,
             base_seed=self._base_seed,
@@ -456,7 +389,7 @@ class ThreadedLoaderIter(BaseDataLoaderIter):
         self._consumed_ahead: set[int] = set(self._plan.consumed_extra) if self._plan else set()
         self._send_idx = 0
         self._rcvd_idx = 0
-        self._task_info: dict[int, int] = {}  # task -> assigned worker (-1: any)
+        self._task_info: dict[int, int] = {}  # task -> assigned worker
         self._task_items: dict[int, int] = {}  # task -> number of samples asked for
         self._tasks_outstanding = 0
         self._workers_status = [True] * self._num_workers
@@ -466,7 +399,6 @@ class ThreadedLoaderIter(BaseDataLoaderIter):
         if not first_iter:
             shared = self._shared
             shared.generation += 1  # results of the old epoch are dropped on arrival
-            _drain(shared.units)
             for jobs in shared.jobs:
                 _drain(jobs)
             self._stats.new_epoch()
@@ -488,35 +420,18 @@ class ThreadedLoaderIter(BaseDataLoaderIter):
             # Received before the checkpoint: skip it without fetching. The
             # task number stays taken, so later tasks keep their numbers.
             self._send_idx += 1
-        shared = self._shared
-        if self._is_iterable:
-            for _ in range(self._num_workers):  # the next active worker, as DataLoader picks it
-                worker_id = next(self._worker_queue_idx_cycle)
-                if self._workers_status[worker_id]:
-                    if self._in_order or self._workers_num_tasks[worker_id] < max_tasks // sum(self._workers_status):
-                        break
-            else:
-                return
-            shared.jobs[worker_id].put((idx, shared.generation, index))
-            self._workers_num_tasks[worker_id] += 1
+        for _ in range(self._num_workers):  # the next active worker, as DataLoader picks it
+            worker_id = next(self._worker_queue_idx_cycle)
+            if self._workers_status[worker_id]:
+                if self._in_order or self._workers_num_tasks[worker_id] < max_tasks // sum(self._workers_status):
+                    break
         else:
-            worker_id = -1
-            if self._whole_tasks:
-                n_units = 1
-            else:
-                if not isinstance(index, (list, tuple)):
-                    index = list(index)  # a batch sampler may yield any iterable of indices
-                n_units = len(index)
-            batch = _Batch(idx, shared.generation, index, n_units, self._whole_tasks)
-            if n_units == 1:
-                shared.units.put((batch, 0))
-            elif n_units == 0:
-                # An empty index list still goes through collate_fn, as in
-                # DataLoader (whose default_collate then raises).
-                shared.units.put((batch, -1))
-            else:
-                for pos in range(n_units):
-                    shared.units.put((batch, pos))
+            return
+        if self._auto_collation and not self._is_iterable and not isinstance(index, (list, tuple)):
+            index = list(index)  # a batch sampler may yield any iterable of indices
+        shared = self._shared
+        shared.jobs[worker_id].put((idx, shared.generation, index))
+        self._workers_num_tasks[worker_id] += 1
         self._task_info[idx] = worker_id
         self._task_items[idx] = len(index) if self._auto_collation and hasattr(index, "__len__") else 1
         self._tasks_outstanding += 1
@@ -527,7 +442,7 @@ class ThreadedLoaderIter(BaseDataLoaderIter):
             while self._rcvd_idx < self._send_idx:
                 worker_id = self._task_info.get(self._rcvd_idx, _MISSING)
                 if worker_id is not _MISSING:
-                    if worker_id < 0 or self._workers_status[worker_id] or self._has_result(self._rcvd_idx):
+                    if self._workers_status[worker_id] or self._has_result(self._rcvd_idx):
                         break
                     del self._task_info[self._rcvd_idx]
                     self._task_items.pop(self._rcvd_idx, None)
@@ -550,8 +465,7 @@ class ThreadedLoaderIter(BaseDataLoaderIter):
                 self._rcvd_idx += 1
             else:
                 self._consumed_ahead.add(idx)
-            if worker_id >= 0:
-                self._workers_num_tasks[worker_id] -= 1
+            self._workers_num_tasks[worker_id] -= 1
             self._try_put_index()
             if self._plan is not None and self._is_iterable and self._plan.skips(idx):
                 continue  # an IterableDataset batch received before the checkpoint
