@@ -7,10 +7,15 @@ memory. Runs are interleaved (DataLoader, ThreadDataLoader, DataLoader, ...)
 and each figure is the median of ``--repeats`` runs, so a noisy machine biases
 both loaders alike; the ratios are what to read.
 
+With several worker counts (``--workers 1,2,4,8,16,32``) it shows how the
+engine alone scales: the dataset costs nothing, so any loss with more workers
+is the loader's hand-offs and the consumer's per-batch work.
+
 Usage::
 
-    python examples/core_loader_benchmark.py            # full run
-    python examples/core_loader_benchmark.py --smoke    # seconds, for tests
+    python examples/core_loader_benchmark.py                        # 2 workers
+    python examples/core_loader_benchmark.py --workers 1,4,16,32    # engine scaling
+    python examples/core_loader_benchmark.py --smoke                # seconds, for tests
 """
 
 from __future__ import annotations
@@ -51,9 +56,20 @@ def measure(cls: type, n: int, workers: int, batch_size: int | None) -> tuple[fl
     return items / elapsed, first
 
 
+def _worker_list(text: str) -> list[int]:
+    try:
+        counts = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}") from None
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"worker counts must be >= 1, got {text!r}")
+    return counts
+
+
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--workers", type=_worker_list, default=[2],
+                        help="comma-separated worker counts, e.g. 1,4,16,32 (default 2)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--items-unbatched", type=int, default=20_000)
     parser.add_argument("--items-batched", type=int, default=400_000)
@@ -64,22 +80,23 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
 
     configs = [("unbatched", None, args.items_unbatched), ("batch 64", 64, args.items_batched)]
     rows = []
-    for name, batch_size, n in configs:
-        runs: dict[str, list[tuple[float, float]]] = {"DataLoader": [], "ThreadDataLoader": []}
-        for _ in range(args.repeats):
-            for cls in (DataLoader, ThreadDataLoader):
-                runs[cls.__name__].append(measure(cls, n, args.workers, batch_size))
-        med = {k: (statistics.median(r[0] for r in v), statistics.median(r[1] for r in v)) for k, v in runs.items()}
-        rows.append({
-            "config": name,
-            "workers": args.workers,
-            "dataloader_items_s": med["DataLoader"][0],
-            "thread_items_s": med["ThreadDataLoader"][0],
-            "speedup": med["ThreadDataLoader"][0] / med["DataLoader"][0],
-            "dataloader_first_ms": med["DataLoader"][1] * 1e3,
-            "thread_first_ms": med["ThreadDataLoader"][1] * 1e3,
-            "first_batch_ratio": med["ThreadDataLoader"][1] / med["DataLoader"][1],
-        })
+    for workers in args.workers:
+        for name, batch_size, n in configs:
+            runs: dict[str, list[tuple[float, float]]] = {"DataLoader": [], "ThreadDataLoader": []}
+            for _ in range(args.repeats):
+                for cls in (DataLoader, ThreadDataLoader):
+                    runs[cls.__name__].append(measure(cls, n, workers, batch_size))
+            med = {k: (statistics.median(r[0] for r in v), statistics.median(r[1] for r in v)) for k, v in runs.items()}
+            rows.append({
+                "config": name,
+                "workers": workers,
+                "dataloader_items_s": med["DataLoader"][0],
+                "thread_items_s": med["ThreadDataLoader"][0],
+                "speedup": med["ThreadDataLoader"][0] / med["DataLoader"][0],
+                "dataloader_first_ms": med["DataLoader"][1] * 1e3,
+                "thread_first_ms": med["ThreadDataLoader"][1] * 1e3,
+                "first_batch_ratio": med["ThreadDataLoader"][1] / med["DataLoader"][1],
+            })
 
     print(f"{'config':<10} {'workers':>7} {'DataLoader it/s':>16} {'Thread it/s':>13} {'speedup':>8} "
           f"{'DL first ms':>12} {'TL first ms':>12} {'first ratio':>12}")

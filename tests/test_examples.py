@@ -100,3 +100,11 @@ def test_core_loader_benchmark(capsys: pytest.CaptureFixture) -> None:
         assert r["speedup"] == pytest.approx(r["thread_items_s"] / r["dataloader_items_s"])
     out = capsys.readouterr().out
     assert "speedup" in out and "unbatched" in out and "batch 64" in out
+
+
+def test_core_loader_benchmark_worker_sweep() -> None:
+    rows = load("core_loader_benchmark.py").main(["--smoke", "--workers", "1,3"])
+    assert [(r["workers"], r["config"]) for r in rows] == [
+        (1, "unbatched"), (1, "batch 64"), (3, "unbatched"), (3, "batch 64")]
+    with pytest.raises(SystemExit):
+        load("core_loader_benchmark.py").main(["--workers", "0,2"])
