@@ -40,6 +40,8 @@ class ImageDecodeError(ValueError):
 
 def _read_source(source: Any) -> tuple[Any, str]:
     """The encoded bytes of ``source`` and a name for error messages."""
+    if type(source) is bytes:  # the common in-memory case, first and cheapest
+        return source, f"<bytes of length {len(source)}>"
     if isinstance(source, (str, os.PathLike)):
         name = os.fsdecode(source)
         # FileNotFoundError / IsADirectoryError / PermissionError name the path.
@@ -64,6 +66,10 @@ def _fail(name: str, reason: str) -> ImageDecodeError:
 # --- geometry ------------------------------------------------------------------
 
 def _pair(size: int | Sequence[int], what: str) -> tuple[int, int]:
+    if type(size) is tuple and len(size) == 2:  # fast path: the usual (h, w) of ints
+        h, w = size
+        if type(h) is int and type(w) is int and h > 0 and w > 0:
+            return size  # type: ignore[return-value]
     if isinstance(size, int):
         pair = (size, size)
     else:
