@@ -412,3 +412,15 @@ def test_normalize_runs_in_the_worker_threads() -> None:
     want = [frame_collate(frames[i:i + 4], normalize=(MEAN, STD)) for i in range(0, 16, 4)]
     assert all(torch.equal(a, b) for a, b in zip(got, want))
     assert seen and threading.main_thread().name not in seen
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA for pinned memory")
+def test_normalized_batch_allocated_pinned_when_requested() -> None:
+    frames = [_frame(seed=i) for i in range(3)]
+    set_collating(True)
+    try:
+        out = frame_collate(frames, normalize=(MEAN, STD))
+    finally:
+        set_collating(False)
+    assert out.is_pinned() and out.dtype == torch.float32
+    assert torch.equal(out, frame_collate(frames, normalize=(MEAN, STD)))
