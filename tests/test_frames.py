@@ -147,3 +147,280 @@ def test_collate_allocates_pinned_when_requested() -> None:
         set_collating(False)
     assert out.is_pinned()
     assert torch.equal(out, default_collate([_frame(seed=i).to_tensor().contiguous() for i in range(3)]))
+
+
+# --- pending resize: decode_image(size=...) resizes straight into the batch --------
+
+def _jpeg(h: int, w: int, seed: int) -> bytes:
+    import simplejpeg
+
+    from threadloader.datagen import photo_like_image
+
+    return simplejpeg.encode_jpeg(np.ascontiguousarray(photo_like_image(h, w, seed)), quality=90)
+
+
+def _resized_as_before(decoded: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    # What decode_image returned before frames deferred the resize: torch's
+    # uint8 kernel into a fresh (1, h, w, C) tensor.
+    from threadloader._torch_compat import resize_uint8_channels_last
+
+    out = torch.empty((1, *size, decoded.shape[2]), dtype=torch.uint8)
+    resize_uint8_channels_last(torch.from_numpy(decoded).unsqueeze(0), size, out)
+    return out[0].numpy()
+
+
+@pytest.mark.parametrize("size,crop,gap", [((224, 224), None, 2.0), ((40, 70), None, 1.0),
+                                           ((64, 48), (10, 30, 200, 150), 2.0), ((33, 33), (0, 0, 375, 500), None)])
+def test_pending_resize_pixels_identical_everywhere(size, crop, gap) -> None:
+    from threadloader.io import decode_image
+
+    data = [_jpeg(375, 500, seed) for seed in range(3)]
+    frames = [decode_image(d, size=size, crop=crop, reducing_gap=gap) for d in data]
+    decoded = [f._state[0] for f in frames]
+    assert all(f._state[1] == size for f in frames)  # the resize is pending
+    assert all(f.shape == (*size, 3) and (f.height, f.width, f.channels) == (*size, 3) for f in frames)
+    assert all(f._state[1] == size for f in frames)  # shape did not run it
+    want = [_resized_as_before(a, size) for a in decoded]
+    batch = frame_collate(frames)
+    for i, w in enumerate(want):
+        assert np.array_equal(batch[i].permute(1, 2, 0).numpy(), w)
+    # Reading a frame after collating resizes it (once) into its own array.
+    for f, w in zip(frames, want):
+        assert np.array_equal(f.numpy(), w) and f.numpy() is f.numpy()
+        assert f._state[1] is None and f.numpy().flags.writeable
+        assert torch.equal(f.to_tensor(), torch.from_numpy(w).permute(2, 0, 1))
+
+
+def test_pending_frame_reads_pickles_and_converts_like_a_plain_frame() -> None:
+    from threadloader.io import decode_image
+
+    data = _jpeg(120, 90, 1)
+    want = _resized_as_before(decode_image(data).numpy(), (50, 40))
+    assert np.array_equal(np.asarray(decode_image(data, size=(50, 40))), want)
+    assert np.array_equal(np.array(decode_image(data, size=(50, 40)), dtype=np.float32), want.astype(np.float32))
+    assert torch.equal(decode_image(data, size=(50, 40)).to_tensor(), torch.from_numpy(want).permute(2, 0, 1))
+    g = pickle.loads(pickle.dumps(decode_image(data, size=(50, 40))))
+    assert g._state[1] is None and np.array_equal(g.numpy(), want)
+    assert repr(decode_image(data, size=(50, 40))) == "Frame(height=50, width=40, channels=3, layout='HWC')"
+    # Same size as decoded: nothing pending.
+    assert decode_image(data, size=(120, 90))._state[1] is None
+
+
+def test_pending_frame_materialised_by_many_threads_at_once() -> None:
+    import concurrent.futures
+
+    from threadloader.io import decode_image
+
+    data = _jpeg(200, 160, 2)
+    want = _resized_as_before(decode_image(data).numpy(), (64, 64))
+    for _ in range(5):
+        frame = decode_image(data, size=(64, 64))
+        with concurrent.futures.ThreadPoolExecutor(4) as ex:
+            results = list(ex.map(lambda _: frame.numpy().copy(), range(8)))
+        assert all(np.array_equal(r, want) for r in results)
+        assert np.array_equal(frame.numpy(), want)
+
+
+def test_collate_mixes_pending_and_plain_frames_and_checks_pending_sizes() -> None:
+    from threadloader.io import decode_image
+
+    data = _jpeg(100, 80, 3)
+    plain = Frame(_resized_as_before(decode_image(data).numpy(), (30, 20)))
+    pending = decode_image(data, size=(30, 20))
+    out = frame_collate([plain, pending, plain])
+    assert torch.equal(out[0], out[1]) and torch.equal(out[1], out[2])
+    err = _raises(frame_collate, [pending, decode_image(data, size=(30, 21))])
+    assert isinstance(err, ValueError) and "30x20" in str(err) and "30x21" in str(err)
+
+
+# --- batch buffers from a pool ------------------------------------------------------
+
+def test_held_batch_and_its_views_never_overwritten_then_reused() -> None:
+    import gc
+
+    from threadloader._pool import host_pool
+
+    host_pool.clear()
+    held = frame_collate([Frame(np.full((8, 6, 3), 7, np.uint8)) for _ in range(4)])
+    ptr = held.data_ptr()
+    view = held[1:3]          # a torch view
+    arr = held.numpy()[0]     # a numpy view of the batch
+    for i in range(50):       # many more batches, each dropped at once
+        b = frame_collate([Frame(np.full((8, 6, 3), i % 7, np.uint8)) for _ in range(4)])
+        assert b.data_ptr() != ptr
+        del b
+    assert torch.all(held == 7) and torch.all(view == 7) and np.all(arr == 7)
+    del held
+    gc.collect()
+    for i in range(5):
+        b = frame_collate([Frame(np.full((8, 6, 3), 9, np.uint8)) for _ in range(4)])
+        assert b.data_ptr() != ptr, "reused while a view was alive"
+        del b
+    assert torch.all(view == 7) and np.all(arr == 7)
+    del view
+    for i in range(5):
+        b = frame_collate([Frame(np.full((8, 6, 3), 1, np.uint8)) for _ in range(4)])
+        assert b.data_ptr() != ptr, "reused while a numpy view was alive"
+        del b
+    assert np.all(arr == 7)
+    del arr
+    reused = frame_collate([Frame(np.full((8, 6, 3), 3, np.uint8)) for _ in range(4)])
+    assert reused.data_ptr() == ptr, "the released buffer was not reused"
+    assert torch.all(reused == 3)
+
+
+def test_pool_is_bounded_and_handles_shape_changes() -> None:
+    from threadloader._pool import BufferPool
+
+    pool = BufferPool(slack=3)
+    held = [pool.take((5, 7), torch.uint8) for _ in range(10)]
+    assert pool.stats()["lent"] == 10
+    del held
+    assert pool.stats() == {"lent": 0, "free": 3, "free_bytes": 3 * 35}
+    a = pool.take((7, 5), torch.uint8)    # same bytes, another shape: reused
+    b = pool.take((35,), torch.float32)   # another size: new memory
+    assert a.shape == (7, 5) and b.shape == (35,) and b.dtype == torch.float32
+    assert pool.stats()["free"] == 2
+    b.fill_(1.5)
+    assert torch.all(b == 1.5)
+    del a, b
+    assert pool.stats()["free"] == 3  # the oldest went back to the allocator
+    with pytest.raises(ValueError):
+        BufferPool(slack=-1)
+
+
+def test_pool_under_concurrent_threads_never_lends_a_buffer_twice() -> None:
+    import concurrent.futures
+
+    from threadloader._pool import BufferPool
+
+    pool = BufferPool(slack=2)
+
+    def work(k: int) -> bool:
+        ok = True
+        kept = []
+        for i in range(200):
+            t = pool.take((64,), torch.int64)
+            t.fill_(k * 1000 + i)
+            kept.append((t, k * 1000 + i))
+            if len(kept) > 3:
+                old, v = kept.pop(0)
+                ok &= bool(torch.all(old == v))
+        return ok and all(bool(torch.all(t == v)) for t, v in kept)
+
+    with concurrent.futures.ThreadPoolExecutor(4) as ex:
+        assert all(ex.map(work, range(8)))
+    assert pool.stats()["lent"] == 0 and pool.stats()["free"] <= 2
+
+
+def test_thread_loader_batches_held_by_the_user_stay_intact() -> None:
+    from threadloader import ThreadDataLoader
+
+    class Flat(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return 64
+
+        def __getitem__(self, i: int) -> Frame:
+            return Frame(np.full((8, 6, 3), i, np.uint8))
+
+    loader = ThreadDataLoader(Flat(), batch_size=4, num_workers=2, collate_fn=frame_collate)
+    kept = []
+    for epoch in range(3):
+        for j, batch in enumerate(loader):
+            if epoch == 0 and j % 3 == 0:
+                kept.append((batch, batch[0], j))
+    for batch, first, j in kept:
+        assert torch.equal(batch[:, 0, 0, 0], torch.arange(4 * j, 4 * j + 4, dtype=torch.uint8))
+        assert torch.all(first == 4 * j)
+
+
+# --- normalize in the worker --------------------------------------------------------
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def test_normalize_equals_to_device_cpu_and_the_formula() -> None:
+    import functools
+
+    from threadloader import to_device
+
+    frames = [_frame(9, 7, seed=i) for i in range(5)]
+    u8 = frame_collate(frames)
+    want = next(iter(to_device([u8], "cpu", normalize=(MEAN, STD))))
+    got = frame_collate(frames, normalize=(MEAN, STD))
+    assert got.dtype == torch.float32 and got.shape == (5, 3, 9, 7)
+    assert got.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(got, want)
+    formula = (u8.double() / 255 - torch.tensor(MEAN, dtype=torch.float64).view(1, 3, 1, 1)) / torch.tensor(
+        STD, dtype=torch.float64).view(1, 3, 1, 1)
+    assert torch.allclose(got.double(), formula, atol=1e-5)
+    # Lists work too, and so does a partial (picklable collate_fn).
+    fn = functools.partial(frame_collate, normalize=([*MEAN], [*STD]))
+    assert torch.equal(pickle.loads(pickle.dumps(fn))(frames), want)
+    scaled = frame_collate(frames, dtype=torch.float64)
+    assert torch.equal(scaled, next(iter(to_device([u8], "cpu", dtype=torch.float64))))
+    assert torch.allclose(scaled, u8.double() / 255, rtol=0, atol=1e-12)
+
+
+def test_normalize_with_pending_frames_and_labels() -> None:
+    from threadloader.io import decode_image
+
+    data = [_jpeg(90, 120, s) for s in range(3)]
+    u8, labels = frame_collate([(decode_image(d, size=(32, 40)), i) for i, d in enumerate(data)])
+    got, labels2 = frame_collate([(decode_image(d, size=(32, 40)), i) for i, d in enumerate(data)],
+                                 normalize=(MEAN, STD))
+    from threadloader.device import ImageTransform
+
+    want = torch.empty(u8.shape, dtype=torch.float32).contiguous(memory_format=torch.channels_last)
+    ImageTransform(normalize=(MEAN, STD))._affine(u8, want)
+    assert torch.equal(got, want) and torch.equal(labels, labels2)
+
+
+def test_normalize_bad_arguments() -> None:
+    frames = [_frame()]
+    for bad in [((0.5,), (0.0,)), ((0.5, 0.5), (1.0,)), "mean"]:
+        with pytest.raises(ValueError):
+            frame_collate(frames, normalize=bad)
+    with pytest.raises(ValueError, match="channels"):
+        frame_collate(frames, normalize=((0.5, 0.5), (1.0, 1.0)))
+    with pytest.raises(ValueError):
+        frame_collate(frames, dtype=torch.int32)
+
+
+def test_normalize_runs_in_the_worker_threads() -> None:
+    import functools
+    import threading
+
+    from threadloader import ThreadDataLoader
+    from threadloader.device import ImageTransform
+
+    seen: set[str] = set()
+    original = ImageTransform._affine
+
+    def spy(self, x, out):
+        seen.add(threading.current_thread().name)
+        return original(self, x, out)
+
+    frames = [_frame(4, 4, seed=i) for i in range(16)]
+    loader = ThreadDataLoader(frames, batch_size=4, num_workers=2,
+                              collate_fn=functools.partial(frame_collate, normalize=(MEAN, STD)))
+    ImageTransform._affine = spy
+    try:
+        got = list(loader)
+    finally:
+        ImageTransform._affine = original
+    want = [frame_collate(frames[i:i + 4], normalize=(MEAN, STD)) for i in range(0, 16, 4)]
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert seen and threading.main_thread().name not in seen
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA for pinned memory")
+def test_normalized_batch_allocated_pinned_when_requested() -> None:
+    frames = [_frame(seed=i) for i in range(3)]
+    set_collating(True)
+    try:
+        out = frame_collate(frames, normalize=(MEAN, STD))
+    finally:
+        set_collating(False)
+    assert out.is_pinned() and out.dtype == torch.float32
+    assert torch.equal(out, frame_collate(frames, normalize=(MEAN, STD)))

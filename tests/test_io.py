@@ -466,3 +466,19 @@ def test_region_decoder_is_found_or_cleanly_absent() -> None:
     if not _turbojpeg.available():
         with pytest.raises(RuntimeError):
             _turbojpeg.decode_region(b"", 1, (0, 0, 1, 1))
+
+
+def test_io_package_layout_keeps_public_names() -> None:
+    import threadloader.io as tio
+    from threadloader.io import arrays, crop, image
+
+    assert sorted(tio.__all__) == sorted(["ImageDecodeError", "Source", "decode_image", "image_size",
+                                          "random_resized_crop_params", "RandomResizedCropLoader",
+                                          "load_npy", "load_npz"])
+    assert tio.decode_image is image.decode_image and tio.image_size is image.image_size
+    assert tio.RandomResizedCropLoader is crop.RandomResizedCropLoader
+    assert tio.random_resized_crop_params is crop.random_resized_crop_params
+    assert tio.load_npy is arrays.load_npy and tio.load_npz is arrays.load_npz
+    import threadloader
+
+    assert threadloader.io is tio

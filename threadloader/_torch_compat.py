@@ -143,13 +143,20 @@ def resize_uint8_channels_last(src: torch.Tensor, size: tuple[int, int], out: to
     writes straight into a channels-last output: ``F.interpolate`` returns
     NCHW, and the transpose back costs about a third of the resize.
     """
-    op = getattr(torch._C._nn, "_upsample_bilinear2d_aa", None)
-    nchw = src.permute(0, 3, 1, 2)
-    if op is not None:
-        op(nchw, list(size), False, None, None, out=out.permute(0, 3, 1, 2))
-    else:  # pragma: no cover - a torch without the private op
-        res = torch.nn.functional.interpolate(nchw, size=size, mode="bilinear", antialias=True)
-        out.copy_(res.permute(0, 2, 3, 1))
+    resize_op(src.permute(0, 3, 1, 2), size, False, out=out.permute(0, 3, 1, 2))
+
+
+def _interpolate_into(src: torch.Tensor, size: Any, align_corners: bool, *, out: torch.Tensor) -> None:
+    # pragma: no cover - a torch without the private op
+    out.copy_(torch.nn.functional.interpolate(src, size=tuple(size), mode="bilinear", antialias=True,
+                                              align_corners=align_corners))
+
+
+#: ``resize_op(src, (h, w), False, out=out)``: antialiased bilinear resize of an
+#: (N, C, H, W) tensor (any strides) into ``out`` (N, C, h, w). The private op
+#: itself when torch has it (no Python frame per call: frame_collate calls it
+#: once per image), else a slower public equivalent.
+resize_op: Callable[..., Any] = getattr(torch._C._nn, "_upsample_bilinear2d_aa", None) or _interpolate_into
 
 
 def new_shared_uint8(shape: tuple[int, ...]) -> torch.Tensor:

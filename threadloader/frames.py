@@ -1,23 +1,35 @@
 """Decoded images that collate straight into one batch buffer.
 
-A :class:`Frame` wraps decoded HWC uint8 pixels in a NumPy array; no torch
+A :class:`Frame` wraps decoded HWC uint8 pixels in a NumPy array, possibly with
+a pending resize (what ``decode_image(..., size=...)`` returns): no torch
 tensor is made per image. :func:`frame_collate` walks a batch exactly like
-``torch.utils.data.default_collate`` and copies every frame once into a single
-``(N, H, W, C)`` buffer (pinned directly when the loader pins), returning the
-``(N, C, H, W)`` channels-last view: the shape, dtype and values a user gets
-from ``PILToTensor`` + ``default_collate``.
+``torch.utils.data.default_collate``; frames at one position become one
+``(N, H, W, C)`` buffer -- each pending resize runs straight into its slot, other
+frames are copied into theirs once -- returned as the ``(N, C, H, W)``
+channels-last view: the shape, dtype and values a user gets from
+``PILToTensor`` + ``default_collate``. With ``normalize``/``dtype`` the batch is
+converted to floats too, in the calling (worker) thread.
+
+Batch buffers come from a pool (:mod:`threadloader._pool`) and are reused only
+once every tensor, view or array of the batch is gone; pinned ones come from
+torch's caching host allocator.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import threading
+from typing import Any, Sequence
 
 import numpy as np
 import torch
 from . import _torch_compat
 from ._context import pin_memory_requested
+from ._pool import host_pool
 
 __all__ = ["Frame", "frame_collate"]
+
+_from_numpy = torch.from_numpy
+_resize = _torch_compat.resize_op
 
 
 class Frame:
@@ -31,7 +43,10 @@ class Frame:
         ValueError: if it is not 3-dimensional.
     """
 
-    __slots__ = ("_array",)
+    # (pixels, pending (h, w) or None), one attribute so that it is read and
+    # replaced as a whole: two threads materialising one frame both see a
+    # consistent pair (and compute the same pixels).
+    __slots__ = ("_state",)
 
     #: Memory layout of :meth:`numpy` (height, width, channels).
     layout = "HWC"
@@ -42,33 +57,47 @@ class Frame:
                             f"{getattr(array, 'dtype', '')}".rstrip())
         if array.ndim != 3:
             raise ValueError(f"Frame needs an (H, W, C) array, got shape {tuple(array.shape)}")
-        self._array = array
+        self._state: tuple[np.ndarray, tuple[int, int] | None] = (array, None)
 
     @property
     def height(self) -> int:
-        return self._array.shape[0]
+        return self.shape[0]
 
     @property
     def width(self) -> int:
-        return self._array.shape[1]
+        return self.shape[1]
 
     @property
     def channels(self) -> int:
-        return self._array.shape[2]
+        return self.shape[2]
 
     @property
     def shape(self) -> tuple[int, int, int]:
-        """``(height, width, channels)``."""
-        return self._array.shape  # type: ignore[return-value]
+        """``(height, width, channels)`` (after any pending resize; known without running it)."""
+        arr, size = self._state
+        if size is None:
+            return arr.shape  # type: ignore[return-value]
+        return size[0], size[1], arr.shape[2]
 
     def numpy(self) -> np.ndarray:
-        """The ``(H, W, C)`` uint8 pixels (the array itself, not a copy)."""
-        return self._array
+        """The ``(H, W, C)`` uint8 pixels (the frame's own array, not a copy).
+
+        A pending resize runs here, once, into a new array the frame keeps.
+        """
+        arr, size = self._state
+        if size is None:
+            return arr
+        out = np.empty((size[0], size[1], arr.shape[2]), dtype=np.uint8)
+        _resize(_from_numpy(arr[None].transpose(0, 3, 1, 2)), size, False,
+                out=_from_numpy(out[None].transpose(0, 3, 1, 2)))
+        self._state = (out, None)
+        return out
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        arr = self.numpy()
         if copy:
-            return np.array(self._array, dtype=dtype, copy=True)
-        return self._array if dtype is None else self._array.astype(dtype, copy=False)
+            return np.array(arr, dtype=dtype, copy=True)
+        return arr if dtype is None else arr.astype(dtype, copy=False)
 
     def to_tensor(self) -> torch.Tensor:
         """The pixels as a ``(C, H, W)`` uint8 tensor, as ``PILToTensor`` gives.
@@ -76,55 +105,110 @@ class Frame:
         Shares memory with the frame when its array is writable (a
         channels-last strided view), copies otherwise.
         """
-        arr = self._array
+        arr = self.numpy()
         if not arr.flags.writeable:  # torch.from_numpy warns on read-only arrays
             arr = arr.copy()
         return torch.from_numpy(arr).permute(2, 0, 1)
 
     def __repr__(self) -> str:
-        return f"Frame(height={self.height}, width={self.width}, channels={self.channels}, layout='HWC')"
+        h, w, c = self.shape
+        return f"Frame(height={h}, width={w}, channels={c}, layout='HWC')"
 
     def __getstate__(self) -> np.ndarray:
-        return self._array
+        # Resized here, in the pickling (worker) process: what travels is the
+        # final pixels, as before.
+        return self.numpy()
 
     def __setstate__(self, state: np.ndarray) -> None:
-        self._array = state
+        self._state = (state, None)
 
 
-def _batch_buffer(shape: tuple[int, ...]) -> torch.Tensor:
-    """An uninitialised uint8 tensor for a batch, allocated where it will end up."""
+def _deferred(array: np.ndarray, size: tuple[int, int] | None) -> Frame:
+    """A frame of decoded ``array`` (writable HWC uint8) to be resized to ``size`` (h, w).
+
+    Internal: the decoders' arrays need no validation.
+    """
+    frame = _new_frame(Frame)
+    frame._state = (array, size)
+    return frame
+
+
+_new_frame = object.__new__
+
+
+def _batch_buffer(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised batch tensor, allocated where it will end up."""
     if pin_memory_requested():
         # The loader will pin the batch: allocate it pinned, saving a copy.
-        return torch.empty(shape, dtype=torch.uint8, pin_memory=True)
+        # torch's caching host allocator reuses pinned blocks only after their
+        # non-blocking copies completed: it is the pool for pinned memory.
+        return torch.empty(shape, dtype=dtype, pin_memory=True)
     info = torch.utils.data.get_worker_info()
     if info is not None and getattr(info, "worker_method", "process") != "thread":
         # Worker *process*: build the batch in shared memory, as default_collate
-        # does, so sending it to the main process copies nothing.
-        return _torch_compat.new_shared_uint8(shape)
-    return torch.empty(shape, dtype=torch.uint8)
+        # does, so sending it to the main process copies nothing. Not pooled:
+        # the main process keeps using it after this one lets go.
+        nbytes = dtype.itemsize
+        for d in shape:
+            nbytes *= d
+        return _torch_compat.new_shared_uint8((nbytes,)).view(dtype).view(shape)
+    return host_pool.take(shape, dtype)
 
 
-def _collate_frames(batch: Any, *, collate_fn_map: Any = None) -> torch.Tensor:
-    first = batch[0]
-    shape = first.shape
+_local = threading.local()
+
+
+def _scratch(shape: tuple[int, int, int, int]) -> torch.Tensor:
+    """This thread's uint8 staging batch (for a converted batch); never leaves the thread."""
+    n = shape[0] * shape[1] * shape[2] * shape[3]
+    buf = getattr(_local, "scratch", None)
+    if buf is None or buf.numel() < n:
+        buf = _local.scratch = torch.empty(n, dtype=torch.uint8)
+    return buf[:n].view(shape)
+
+
+def _collate_frames(batch: Any, *, collate_fn_map: Any = None, transform: Any = None) -> torch.Tensor:
+    # The per-image loop is the serial part of a threaded loader (it holds the
+    # GIL): no torch tensor is made per image except the resize's source, no
+    # attribute lookups beyond the frame's state.
+    shape = batch[0].shape
+    states = []
+    append = states.append
     for index, frame in enumerate(batch):
         if not isinstance(frame, Frame):
             raise TypeError(
                 f"frame_collate: batch mixes Frame with {type(frame).__name__} at position {index}"
             )
-        if frame.shape != shape:
+        state = frame._state
+        arr, size = state
+        if (arr.shape if size is None else (size[0], size[1], arr.shape[2])) != shape:
             raise ValueError(
                 f"frame_collate: frames in a batch must have the same size, but sample 0 is "
                 f"{_size(shape)} and sample {index} is {_size(frame.shape)}. Decode to a fixed "
                 f"size (decode_image(..., size=(H, W)) or RandomResizedCropLoader(size)) or add "
                 f"a resize/crop transform."
             )
-    out = _batch_buffer((len(batch), *shape))
-    dst = out.numpy()
-    for i, frame in enumerate(batch):
-        # One copy per frame; numpy releases the GIL for large plain copies.
-        np.copyto(dst[i], frame._array, casting="no")
-    return out.permute(0, 3, 1, 2)
+        append(state)
+    full = (len(states), *shape)
+    pixels = _batch_buffer(full, torch.uint8) if transform is None else _scratch(full)
+    dst = slots = None
+    resize, from_numpy = _resize, _from_numpy
+    for i, (arr, size) in enumerate(states):
+        if size is None:
+            if dst is None:
+                dst = pixels.numpy()
+            # One copy per frame; numpy releases the GIL for large plain copies.
+            np.copyto(dst[i], arr, casting="no")
+        else:
+            if slots is None:
+                slots = pixels.permute(0, 3, 1, 2).split(1)
+            # The resize writes straight into the batch: no per-image result.
+            resize(from_numpy(arr[None].transpose(0, 3, 1, 2)), size, False, out=slots[i])
+    if transform is None:
+        return pixels.permute(0, 3, 1, 2)
+    out = _batch_buffer(full, transform.dtype).permute(0, 3, 1, 2)
+    transform._affine(pixels.permute(0, 3, 1, 2), out)
+    return out
 
 
 def _size(shape: tuple[int, ...]) -> str:
@@ -132,27 +216,77 @@ def _size(shape: tuple[int, ...]) -> str:
     return f"{h}x{w} (HxW) with {c} channels"
 
 
-def frame_collate(batch: Any) -> Any:
+_transforms: dict[Any, Any] = {}
+
+
+def _transform(normalize: Any, dtype: torch.dtype | None) -> Any:
+    """The (cached, validated) uint8 -> float conversion for these arguments."""
+    if dtype is None:
+        dtype = torch.float32
+    try:
+        key = (normalize, dtype)
+        transform = _transforms.get(key)
+    except TypeError:  # lists: unhashable
+        key = None
+        transform = None
+    if transform is None:
+        from .device import ImageTransform
+
+        # The same fused ``x * scale + bias`` as to_device's: bit-identical
+        # results whichever stage normalizes.
+        transform = ImageTransform(normalize=normalize, dtype=dtype, channels_last=True)
+        if key is not None:
+            _transforms[key] = transform
+    return transform
+
+
+def frame_collate(
+    batch: Any,
+    *,
+    normalize: tuple[Sequence[float], Sequence[float]] | None = None,
+    dtype: torch.dtype | None = None,
+) -> Any:
     """Collate a batch like ``default_collate``, with frames stacked into one buffer.
 
     The batch is walked exactly as ``torch.utils.data.default_collate`` walks
     it (sequences, mappings, namedtuples); every non-frame leaf is collated as
     it would. Frames at one position become a ``(N, C, H, W)`` uint8 tensor,
-    a channels-last view of one ``(N, H, W, C)`` buffer, allocated pinned when
-    the running ThreadDataLoader pins memory.
+    a channels-last view of one ``(N, H, W, C)`` buffer: a frame's pending
+    resize runs straight into its slot. The buffer is allocated pinned when
+    the running ThreadDataLoader pins memory, else taken from a pool that
+    reuses it only after every tensor/array of the batch is gone.
+
+    With ``normalize`` (or a floating ``dtype``) frames become a float batch
+    ``(x / 255 - mean) / std`` (``x / 255`` without ``normalize``), channels-last,
+    computed here -- in the worker thread -- with the same fused arithmetic as
+    :func:`~threadloader.to_device`. Use it as
+    ``collate_fn=functools.partial(frame_collate, normalize=(mean, std))``.
 
     Args:
         batch: list of samples.
+        normalize: ``(mean, std)`` per channel (or one value for all), in the
+            [0, 1] pixel scale, or None.
+        dtype: floating dtype of converted image batches (default float32 when
+            ``normalize`` is given); None with ``normalize=None`` keeps uint8.
 
     Returns:
         The collated batch.
 
     Raises:
-        ValueError: frames of different sizes at the same position.
+        ValueError: frames of different sizes at the same position; malformed
+            ``normalize``/``dtype``; ``normalize`` channels not matching.
         TypeError: a position mixes frames and other types.
     """
     # Built per call so that entries installed into torch's map later (the
     # thread adapter wraps its tensor entry) are honoured.
     fn_map = dict(_torch_compat.default_collate_fn_map)
-    fn_map[Frame] = _collate_frames
+    if normalize is None and dtype is None:
+        fn_map[Frame] = _collate_frames
+    else:
+        transform = _transform(normalize, dtype)
+
+        def collate_converted(frames: Any, *, collate_fn_map: Any = None) -> torch.Tensor:
+            return _collate_frames(frames, transform=transform)
+
+        fn_map[Frame] = collate_converted
     return _torch_compat.collate(batch, collate_fn_map=fn_map)

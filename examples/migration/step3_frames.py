@@ -3,16 +3,19 @@
 The thread-native image path replaces PIL + transforms with two pieces:
 
 * ``decode_image(path, size=(224, 224))`` decodes JPEGs with libjpeg-turbo
-  (GIL released, DCT-domain downscaling when it can) and resizes with torch's
-  uint8 kernel, returning a ``Frame`` (HWC uint8) — no tensor per image;
-* ``frame_collate`` copies each frame once into one ``(N, H, W, C)`` uint8
-  buffer and returns the ``(N, C, H, W)`` channels-last view: the same shape and
-  dtype as ``PILToTensor`` + ``default_collate``, so the training loop is
-  unchanged::
+  (GIL released, DCT-domain downscaling when it can), returning a ``Frame``
+  (HWC uint8) whose resize is pending — no tensor per image;
+* ``frame_collate`` resizes each frame with torch's uint8 kernel straight into
+  its slot of one ``(N, H, W, C)`` uint8 buffer (reused once you drop the batch)
+  and returns the ``(N, C, H, W)`` channels-last view: the same shape and dtype
+  as ``PILToTensor`` + ``default_collate``, so the training loop is unchanged::
 
     dataset = ImageFolder(root, loader=functools.partial(decode_image, size=(224, 224)))
     loader = ThreadDataLoader(dataset, batch_size=32, num_workers=8,
                               collate_fn=frame_collate)
+
+  If the loop normalizes on the CPU, let the workers do it:
+  ``collate_fn=functools.partial(frame_collate, normalize=(mean, std))``.
 
 The baseline is step 2's DataLoader pipeline, measured in the same run.
 

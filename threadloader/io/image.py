@@ -1,0 +1,311 @@
+"""Image decoding: a path or encoded bytes to a :class:`~threadloader.Frame`.
+
+JPEGs go through simplejpeg (libjpeg-turbo, releases the GIL), decoded at 1/2,
+1/4 or 1/8 scale in the DCT domain when the output is small enough (see
+``reducing_gap``), and only the crop when one is asked for and TurboJPEG 3 is
+available. Everything else (PNG, palette, grey, RGBA, CMYK, ...) goes through
+Pillow and is converted to RGB as torchvision's ``pil_loader`` does.
+
+With ``size``, the frame holds the decoded pixels and the pending size: the
+antialiased resize (torch's uint8 kernel, Pillow's ``resize`` to +-1 level)
+runs when the frame is collated -- straight into its slot of the batch -- or
+first read. Everything here is a pure function of its arguments (no
+module-level mutable state), so it is safe to call from many threads at once.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import struct
+from typing import Any, Sequence, Union
+
+import numpy as np
+import simplejpeg
+
+from .. import _turbojpeg
+from ..frames import Frame, _deferred
+
+__all__ = ["ImageDecodeError", "Source", "decode_image", "image_size"]
+
+Source = Union[str, os.PathLike, bytes, bytearray, memoryview]
+
+
+class ImageDecodeError(ValueError):
+    """An image could not be decoded; the message names the source and why."""
+
+
+# --- sources -------------------------------------------------------------------
+
+def _read_source(source: Any) -> tuple[Any, str]:
+    """The encoded bytes of ``source`` and a name for error messages."""
+    if type(source) is bytes:  # the common in-memory case, first and cheapest
+        return source, f"<bytes of length {len(source)}>"
+    if isinstance(source, (str, os.PathLike)):
+        name = os.fsdecode(source)
+        # FileNotFoundError / IsADirectoryError / PermissionError name the path.
+        with open(source, "rb") as f:
+            return f.read(), repr(name)
+    if isinstance(source, (bytes, bytearray, memoryview, np.ndarray)):
+        data = memoryview(source)
+        if data.ndim != 1 or data.itemsize != 1:
+            data = data.cast("B")
+        return data, f"<bytes of length {data.nbytes}>"
+    raise TypeError(f"expected a path or bytes-like object, got {type(source).__name__}")
+
+
+def _is_jpeg(data: Any) -> bool:
+    return len(data) >= 3 and bytes(data[:3]) == b"\xff\xd8\xff"
+
+
+def _fail(name: str, reason: str) -> ImageDecodeError:
+    return ImageDecodeError(f"cannot decode image {name}: {reason}")
+
+
+# --- geometry ------------------------------------------------------------------
+
+def _pair(size: int | Sequence[int], what: str) -> tuple[int, int]:
+    if type(size) is tuple and len(size) == 2:  # fast path: the usual (h, w) of ints
+        h, w = size
+        if type(h) is int and type(w) is int and h > 0 and w > 0:
+            return size  # type: ignore[return-value]
+    if isinstance(size, int):
+        pair = (size, size)
+    else:
+        pair = tuple(int(s) for s in size)
+        if len(pair) == 1:
+            pair = (pair[0], pair[0])
+    if len(pair) != 2 or pair[0] <= 0 or pair[1] <= 0:
+        raise ValueError(f"{what} must be a positive int or (height, width), got {size!r}")
+    return pair  # type: ignore[return-value]
+
+
+class _CropOutsideImage(ValueError):
+    pass
+
+
+def _check_crop(crop: Sequence[int], height: int, width: int, name: str) -> tuple[int, int, int, int]:
+    top, left, h, w = (int(v) for v in crop)
+    if h <= 0 or w <= 0 or top < 0 or left < 0 or top + h > height or left + w > width:
+        raise _CropOutsideImage(
+            f"crop (top={top}, left={left}, height={h}, width={w}) does not fit in image {name} "
+            f"of size {height}x{width} (HxW)"
+        )
+    return top, left, h, w
+
+
+def _dct_factor(crop_hw: tuple[int, int], size: tuple[int, int], reducing_gap: float) -> int:
+    # libjpeg-turbo scales by n/8; only 1/2, 1/4 and 1/8 have SIMD IDCTs, so
+    # those are the only ones used. As Pillow's ``reducing_gap``: the scaled
+    # crop stays >= reducing_gap x size, so the final antialiased resize still
+    # does real filtering and the crop-edge rounding (< 1/2 scaled pixel) is
+    # < 1/(2 x reducing_gap) output pixel.
+    for factor in (8, 4, 2):
+        if crop_hw[0] >= size[0] * factor * reducing_gap and crop_hw[1] >= size[1] * factor * reducing_gap:
+            return factor
+    return 1
+
+
+# --- decoders ------------------------------------------------------------------
+
+def _edge(x: float) -> int:
+    return int(math.floor(x + 0.5))
+
+
+def _scaled_box(crop: tuple[int, int, int, int], sy: float, sx: float) -> tuple[int, int, int, int]:
+    """Map a source crop ``(top, left, height, width)`` into an image decoded at scale ``(sy, sx)``.
+
+    At scale 1/f each decoded pixel is one f x f source block, so a source
+    edge y maps to y / f exactly; fractional edges round to the nearest pixel
+    and the box keeps at least one pixel per side.
+
+    Returns:
+        ``(top, left, bottom, right)`` in the decoded image.
+    """
+    top, left, h, w = crop
+    t, b = _edge(top * sy), _edge((top + h) * sy)
+    l, r = _edge(left * sx), _edge((left + w) * sx)
+    return t, l, max(b, t + 1), max(r, l + 1)
+
+
+def _decode_simplejpeg(
+    data: Any, name: str, header: tuple, size: tuple[int, int] | None, crop: Sequence[int] | None,
+    reducing_gap: float | None, fastdct: bool, fastupsample: bool,
+) -> np.ndarray:
+    height, width = header[0], header[1]
+    top, left, ch, cw = _check_crop(crop, height, width, name) if crop is not None else (0, 0, height, width)
+    factor = _dct_factor((ch, cw), size, reducing_gap) if (size is not None and reducing_gap) else 1
+    if crop is not None and _turbojpeg.available():
+        # Decode only the crop (rows above it are skipped, rows below never
+        # read, columns outside it not transformed), at the same scale and
+        # with the same edges as the whole-image path below.
+        box = _scaled_box((top, left, ch, cw), -(-height // factor) / height, -(-width // factor) / width)
+        raw = data if isinstance(data, bytes) else bytes(data)
+        # libjpeg stops reading after the crop's last row: check the end of
+        # the file here, so that a truncated file is refused as it is below.
+        if not _complete(raw, "JPEG"):
+            raise _fail(name, "corrupt or truncated JPEG (no end-of-image marker after the scan)")
+        try:
+            return _turbojpeg.decode_region(raw, factor, box, fastdct=fastdct, fastupsample=fastupsample)
+        except ValueError as e:
+            raise _fail(name, f"corrupt or truncated JPEG ({e})") from e
+    kwargs: dict[str, Any] = {}
+    if factor > 1:
+        kwargs = dict(min_height=-(-height // factor), min_width=-(-width // factor))
+    try:
+        # strict=True turns libjpeg's recoverable warnings (truncated data,
+        # corrupt segments) into errors: never return a half-decoded image.
+        arr = simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=fastdct, fastupsample=fastupsample,
+                                     strict=True, **kwargs)
+    except ValueError as e:
+        raise _fail(name, f"corrupt or truncated JPEG ({e})") from e
+    if factor > 1 or crop is not None:
+        if arr.shape[:2] == (-(-height // factor), -(-width // factor)):
+            sy = sx = 1.0 / factor
+        else:  # pragma: no cover - libjpeg chose another scale
+            sy, sx = arr.shape[0] / height, arr.shape[1] / width
+        t, l, b, r = _scaled_box((top, left, ch, cw), sy, sx)
+        arr = arr[t:b, l:r]
+    return arr
+
+
+def _complete(data: Any, fmt: str | None) -> bool:
+    """Whether a file Pillow will decode has its end marker (truncation check).
+
+    Pillow can be told globally (``ImageFile.LOAD_TRUNCATED_IMAGES``) to return
+    truncated images padded with grey; this check does not depend on it.
+    """
+    raw = bytes(data) if not isinstance(data, bytes) else data
+    if fmt in ("JPEG", "MPO"):
+        # The last end-of-image marker must follow the last start-of-scan
+        # marker (entropy-coded data cannot contain either).
+        return raw.rfind(b"\xff\xd9") > raw.rfind(b"\xff\xda")
+    if fmt == "PNG":
+        return raw.rfind(b"IEND") > raw.rfind(b"IDAT")
+    return True
+
+
+def _decode_pillow(data: Any, name: str, crop: Sequence[int] | None) -> np.ndarray:
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            if not _complete(data, im.format):
+                raise _fail(name, f"truncated {im.format} data (no end marker)")
+            if crop is not None:
+                top, left, h, w = _check_crop(crop, im.height, im.width, name)
+                im.load()
+                im = im.crop((left, top, left + w, top + h))
+            # Same conversion as torchvision's pil_loader (alpha dropped,
+            # palette expanded, CMYK/grey converted by Pillow).
+            rgb = im.convert("RGB")
+            return np.array(rgb)  # writable copy, so torch can wrap it
+    except (ImageDecodeError, _CropOutsideImage):
+        raise
+    except UnidentifiedImageError as e:
+        raise _fail(name, "not an image, or a format Pillow cannot read") from e
+    except ValueError as e:
+        raise _fail(name, str(e) or type(e).__name__) from e
+    except (OSError, SyntaxError, EOFError, struct.error, Image.DecompressionBombError) as e:
+        raise _fail(name, str(e) or type(e).__name__) from e
+
+
+def _decode_data(
+    data: Any, name: str, size: tuple[int, int] | None, crop: Sequence[int] | None,
+    reducing_gap: float | None, fastdct: bool, fastupsample: bool,
+) -> Frame:
+    if len(data) == 0:
+        raise _fail(name, "empty file")
+    arr = None
+    if _is_jpeg(data):
+        header = _jpeg_header(data, name)
+        if header[2] not in ("CMYK", "YCCK"):  # Adobe CMYK needs Pillow's inversion handling
+            arr = _decode_simplejpeg(data, name, header, size, crop, reducing_gap, fastdct, fastupsample)
+    if arr is None:
+        arr = _decode_pillow(data, name, crop)
+    if size is not None and arr.shape[:2] != size:
+        # The resize is left pending: frame_collate runs it straight into the
+        # batch buffer; reading the frame runs it into a new array.
+        return _deferred(arr, size)
+    return Frame(arr)
+
+
+def _jpeg_header(data: Any, name: str) -> tuple:
+    try:
+        return simplejpeg.decode_jpeg_header(data)
+    except ValueError as e:
+        raise _fail(name, f"corrupt JPEG header ({e})") from e
+
+
+def decode_image(
+    source: Source,
+    *,
+    size: int | tuple[int, int] | None = None,
+    crop: tuple[int, int, int, int] | None = None,
+    reducing_gap: float | None = 2.0,
+    fastdct: bool = False,
+    fastupsample: bool = False,
+) -> Frame:
+    """Decode an image file to RGB pixels, optionally cropped and resized.
+
+    Works as an ``ImageFolder`` loader:
+    ``ImageFolder(root, loader=functools.partial(decode_image, size=(224, 224)))``.
+
+    Args:
+        source: a path, or the encoded bytes (bytes, bytearray, memoryview).
+        size: output ``(height, width)`` (an int means square). Resized with
+            antialiased bilinear, like torchvision's ``Resize`` on PIL images.
+            None keeps the decoded size.
+        crop: ``(top, left, height, width)`` in source pixels, applied before
+            ``size``; must lie inside the image.
+        reducing_gap: as Pillow's ``reducing_gap``: with ``size``, a JPEG is
+            decoded at 1/2, 1/4 or 1/8 scale (in the DCT domain: much cheaper)
+            when the (cropped) image stays at least ``reducing_gap`` times
+            ``size`` at that scale; the antialiased resize does the rest.
+            1.0 is fastest, larger is closer to a full-resolution resize,
+            None always decodes at full resolution.
+        fastdct: simplejpeg's faster, slightly less accurate IDCT.
+        fastupsample: simplejpeg's faster chroma upsampling.
+
+    Returns:
+        A :class:`~threadloader.Frame` of ``(H, W, 3)`` uint8 RGB pixels.
+
+    Raises:
+        FileNotFoundError: ``source`` is a path that does not exist.
+        ImageDecodeError: empty, truncated, corrupt or non-image data (the
+            message names the file, or ``<bytes of length N>``).
+        ValueError: a bad ``size`` or a ``crop`` outside the image.
+    """
+    data, name = _read_source(source)
+    return _decode_data(data, name, _pair(size, "size") if size is not None else None, crop,
+                        reducing_gap, fastdct, fastupsample)
+
+
+def image_size(source: Source) -> tuple[int, int]:
+    """``(height, width)`` of an encoded image, read from its header only.
+
+    Raises:
+        FileNotFoundError: missing path.
+        ImageDecodeError: not a readable image.
+    """
+    data, name = _read_source(source)
+    return _size_of(data, name)
+
+
+def _size_of(data: Any, name: str) -> tuple[int, int]:
+    if len(data) == 0:
+        raise _fail(name, "empty file")
+    if _is_jpeg(data):
+        h, w = _jpeg_header(data, name)[:2]
+        return h, w
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(data)) as im:  # lazy: reads the header only
+            return im.height, im.width
+    except UnidentifiedImageError as e:
+        raise _fail(name, "not an image, or a format Pillow cannot read") from e
+    except (OSError, SyntaxError, ValueError, EOFError, struct.error) as e:
+        raise _fail(name, str(e) or type(e).__name__) from e
+
