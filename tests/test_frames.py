@@ -424,3 +424,47 @@ def test_normalized_batch_allocated_pinned_when_requested() -> None:
         set_collating(False)
     assert out.is_pinned() and out.dtype == torch.float32
     assert torch.equal(out, frame_collate(frames, normalize=(MEAN, STD)))
+
+
+def test_pool_granule_shares_blocks_between_nearby_sizes() -> None:
+    from threadloader._pool import BufferPool
+
+    pool = BufferPool(slack=2, granule=1024)
+    a = pool.take_bytes(1000)
+    assert a.nbytes == 1000 and a.dtype == np.uint8
+    ptr = a.ctypes.data
+    del a
+    b = pool.take_bytes(700)  # same 1 KiB block class: reused
+    assert b.ctypes.data == ptr and b.nbytes == 700
+    c = pool.take_bytes(1500)  # the next class: new memory
+    assert c.ctypes.data != ptr and pool.stats()["lent"] == 2
+    with pytest.raises(ValueError):
+        BufferPool(granule=0)
+
+
+def test_decoded_jpegs_reuse_pooled_memory_only_after_release() -> None:
+    import simplejpeg
+
+    from threadloader._pool import decode_pool
+    from threadloader.datagen import photo_like_image
+    from threadloader.io import decode_image
+
+    pixels = photo_like_image(60, 80, seed=3)
+    data = simplejpeg.encode_jpeg(pixels, quality=90, colorspace="RGB")
+    expected = simplejpeg.decode_jpeg(data, colorspace="RGB")
+    first = decode_image(data)
+    ptr = first.numpy().ctypes.data
+    others = [decode_image(data) for _ in range(5)]  # first is alive: never its block
+    assert all(o.numpy().ctypes.data != ptr for o in others)
+    assert np.array_equal(first.numpy(), expected)
+    lent = decode_pool.stats()["lent"]
+    del others
+    assert decode_pool.stats()["lent"] == lent - 5
+    del first
+    again = [decode_image(data) for _ in range(6)]
+    assert any(o.numpy().ctypes.data == ptr for o in again), "a released block was not reused"
+    assert all(np.array_equal(o.numpy(), expected) for o in again)
+    # Pending resizes read the pooled pixels at collate time: still correct.
+    batch = frame_collate([decode_image(data, size=(20, 30)) for _ in range(4)])
+    single = decode_image(data, size=(20, 30)).to_tensor()
+    assert all(torch.equal(batch[i], single) for i in range(4))

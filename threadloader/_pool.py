@@ -1,11 +1,11 @@
 """Reusable host memory for batch buffers, handed back only once nobody uses it.
 
-A batch buffer is lent as a tensor made by ``torch.from_numpy`` over a *fresh*
-NumPy array object viewing a pooled block. torch's storage keeps that array
-object alive for as long as any tensor, view, slice or ``.numpy()`` of the
-batch exists, so a weak reference to it tells, exactly, when the consumer has
-let go of everything: its callback returns the block to the free list. Nothing
-is reused earlier, whatever the user keeps.
+A batch buffer is lent as a tensor made by ``torch.from_numpy`` over an array
+built on a *fresh* memoryview of a pooled block. torch's storage and every
+NumPy view keep that memoryview alive for as long as any tensor, view, slice
+or ``.numpy()`` of the batch exists, so a weak reference to it tells, exactly,
+when the consumer has let go of everything: its callback returns the block to
+the free list. Nothing is reused earlier, whatever the user keeps.
 
 * Thread-safe by construction: one (reentrant) lock around the free list and
   the loans;
@@ -32,19 +32,25 @@ __all__ = ["BufferPool", "host_pool"]
 
 
 class BufferPool:
-    """Free list of host memory blocks, lent as tensors and returned on release.
+    """Free list of host memory blocks, lent as tensors or arrays and returned on release.
 
     Args:
         slack: most blocks kept unused (per pool, all sizes together).
+        granule: block sizes are rounded up to a multiple of this many bytes,
+            so that requests of nearby sizes (decoded images of varying
+            dimensions) reuse the same blocks; 1 matches sizes exactly.
 
     Raises:
-        ValueError: ``slack`` < 0.
+        ValueError: ``slack`` < 0 or ``granule`` < 1.
     """
 
-    def __init__(self, slack: int = 4) -> None:
+    def __init__(self, slack: int = 4, granule: int = 1) -> None:
         if slack < 0:
             raise ValueError(f"slack must be >= 0, got {slack}")
+        if granule < 1:
+            raise ValueError(f"granule must be >= 1, got {granule}")
         self.slack = slack
+        self.granule = granule
         # Reentrant: the weakref callback can run inside take() itself, when
         # an allocation there triggers a garbage collection that frees a batch.
         self._lock = threading.RLock()
@@ -62,22 +68,35 @@ class BufferPool:
         nbytes = dtype.itemsize
         for d in shape:
             nbytes *= d
+        return torch.from_numpy(self.take_bytes(nbytes)).view(dtype).view(shape)
+
+    def take_bytes(self, nbytes: int) -> np.ndarray:
+        """An uninitialised 1-D uint8 array of ``nbytes``, lent like :meth:`take`.
+
+        The block returns to the pool when this array object and everything
+        built on it (views, tensors, arrays decoded into it) are gone.
+        """
+        capacity = max(-(-nbytes // self.granule) * self.granule, 1)
         block = None
         with self._lock:
             free = self._free
             for i in range(len(free) - 1, -1, -1):  # newest first: warmest in cache
-                if free[i][0] == nbytes:
+                if free[i][0] == capacity:
                     block = free.pop(i)[1]
                     break
         if block is None:
-            block = np.empty(max(nbytes, 1), dtype=np.uint8)
-        # A new array object per loan: the weak reference watches this one,
-        # which torch's storage holds until every user of the batch is gone.
-        lent = block[:nbytes]
-        ref = weakref.ref(lent, self._give_back)
+            block = np.empty(capacity, dtype=np.uint8)
+        # A new memoryview per loan, and the array over it: the weak reference
+        # watches the memoryview numpy keeps as the array's base. numpy collapses a view's base to the first
+        # object that is not a view-array, so every array made from this one
+        # (by slicing, or by a decoder writing into it) holds this memoryview,
+        # and so does torch's storage of a tensor made from it; it dies only
+        # when all of them are gone.
+        lent = np.frombuffer(memoryview(block)[:nbytes], dtype=np.uint8)
+        ref = weakref.ref(lent.base, self._give_back)  # numpy's own memoryview of it
         with self._lock:
-            self._lent[id(ref)] = (ref, nbytes, block)
-        return torch.from_numpy(lent).view(dtype).view(shape)
+            self._lent[id(ref)] = (ref, capacity, block)
+        return lent
 
     def _give_back(self, ref: weakref.ref) -> None:
         with self._lock:
@@ -110,5 +129,16 @@ class BufferPool:
 #: The process's pool for non-pinned batch buffers (frame_collate's).
 host_pool = BufferPool()
 
+#: The process's pool for decoded JPEG pixels (decode_image's). Fresh memory
+#: for every decoded image costs page faults, and in one process many threads
+#: faulting and unmapping memory serialise on the kernel's address-space lock:
+#: on 16 cores that alone held 16 decoding threads to ~60 % of the per-thread
+#: rate (measured, see the scale notes in the README). Blocks are rounded to
+#: 64 KiB so that images of different sizes share them; a batch's frames are
+#: all held until collate, so the pool keeps enough spare blocks for a few
+#: batches of several threads.
+decode_pool = BufferPool(slack=128, granule=64 << 10)
+
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=host_pool._after_fork)
+    for _pool in (host_pool, decode_pool):
+        os.register_at_fork(after_in_child=_pool._after_fork)

@@ -25,6 +25,7 @@ import numpy as np
 import simplejpeg
 
 from .. import _turbojpeg
+from .._pool import decode_pool
 from ..frames import Frame, _deferred
 
 __all__ = ["ImageDecodeError", "Source", "decode_image", "image_size"]
@@ -150,9 +151,10 @@ def _decode_simplejpeg(
             return _turbojpeg.decode_region(raw, factor, box, fastdct=fastdct, fastupsample=fastupsample)
         except ValueError as e:
             raise _fail(name, f"corrupt or truncated JPEG ({e})") from e
-    kwargs: dict[str, Any] = {}
+    out_h, out_w = -(-height // factor), -(-width // factor)
+    kwargs: dict[str, Any] = {"buffer": decode_pool.take_bytes(out_h * out_w * 3)}
     if factor > 1:
-        kwargs = dict(min_height=-(-height // factor), min_width=-(-width // factor))
+        kwargs.update(min_height=out_h, min_width=out_w)
     try:
         # strict=True turns libjpeg's recoverable warnings (truncated data,
         # corrupt segments) into errors: never return a half-decoded image.
@@ -161,7 +163,7 @@ def _decode_simplejpeg(
     except ValueError as e:
         raise _fail(name, f"corrupt or truncated JPEG ({e})") from e
     if factor > 1 or crop is not None:
-        if arr.shape[:2] == (-(-height // factor), -(-width // factor)):
+        if arr.shape[:2] == (out_h, out_w):
             sy = sx = 1.0 / factor
         else:  # pragma: no cover - libjpeg chose another scale
             sy, sx = arr.shape[0] / height, arr.shape[1] / width
