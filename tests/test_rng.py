@@ -436,3 +436,17 @@ def test_uninstall_restores_and_reinstall_routes_again():
     finally:
         _rng.install()
     assert _rng.installed() and getattr(random.random, "__wrapped__", None) is not None
+
+
+def test_rng_overhead_example_smoke(capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "rng_overhead.py"
+    spec = importlib.util.spec_from_file_location("example_rng_overhead", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rows = module.main(["--smoke"])
+    assert {r["call"] for r in rows} >= {"torch.rand(1)", "random.random()", "np.random.rand()"}
+    assert all(r["installed_ns"] > 0 and r["not_installed_ns"] > 0 for r in rows)
+    assert _rng.installed() and getattr(random.random, "__wrapped__", None) is not None
