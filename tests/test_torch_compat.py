@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 import torch
 import torch.utils.data as tud
 from torch.utils.data._utils import collate as torch_collate
@@ -39,8 +41,18 @@ def test_get_worker_info_is_thread_local_and_falls_back_to_the_global():
         torch_worker._worker_info = None
 
 
+def _rng(seed):
+    import random
+
+    import numpy as np
+
+    return compat.make_rng(random.Random(seed), torch.Generator().manual_seed(seed), np.random.default_rng(seed))
+
+
 def test_thread_safe_generator_uses_the_thread_rng():
-    info = compat.make_worker_info(0, 1, 42, dataset=None)
+    if not hasattr(torch.random, "thread_safe_generator"):
+        pytest.skip("this torch has no thread_safe_generator (2.11)")
+    info = compat.make_worker_info(0, 1, 42, dataset=None, rng=_rng(42))
     compat.set_thread_worker_info(info)
     try:
         assert torch.random.thread_safe_generator() is info.rng.torch_generator
@@ -128,3 +140,31 @@ def test_profiler_enabled_and_our_iterator_records_under_a_profiler():
         list(ThreadDataLoader([1, 2, 3], num_workers=1))
     names = {e.name for e in prof.events()}
     assert any(n.startswith("enumerate(DataLoader)#ThreadedLoaderIter") for n in names), sorted(names)[:20]
+
+
+def test_make_worker_info_on_a_torch_without_dataclass_worker_info(monkeypatch):
+    # torch 2.11: WorkerInfo is a plain class taking any keyword, with no rng,
+    # no worker_method and no _RNG container.
+    class OldWorkerInfo:
+        def __init__(self, **kwargs):
+            for k, v in kwargs.items():
+                setattr(self, k, v)
+
+    monkeypatch.setattr(compat, "WorkerInfo", OldWorkerInfo)
+    monkeypatch.delattr(torch_worker, "_RNG", raising=False)
+    rng = _rng(7)
+    assert isinstance(rng, compat._ThreadRNG) and rng.torch_generator.initial_seed() == 7
+    info = compat.make_worker_info(2, 4, 10, dataset="ds", rng=rng)
+    assert (info.id, info.num_workers, info.seed, info.dataset) == (2, 4, 12, "ds")
+    assert info.worker_method == "thread" and info.rng is rng
+
+
+def test_make_worker_info_fills_the_dataclass_fields_this_torch_has():
+    rng = _rng(3)
+    info = compat.make_worker_info(1, 2, 5, dataset=None, rng=rng)
+    fields = getattr(compat.WorkerInfo, "__dataclass_fields__", {})
+    if "rng" in fields:
+        assert info.rng is rng and info.rng.torch_generator.initial_seed() == 3
+    if "worker_method" in fields:
+        assert info.worker_method == "thread"
+    assert info.seed == 6

@@ -70,37 +70,44 @@ def numpy_seed_state(base_seed: int, worker_id: int) -> list[int]:
     return _worker._generate_state(base_seed, worker_id)
 
 
-def make_rng(seed: int, base_seed: int, worker_id: int) -> Any:
-    """Per-thread generators (random, torch, numpy) seeded like a worker process.
+class _ThreadRNG:
+    """Stand-in for torch's ``_RNG`` container on a torch that has none (2.11)."""
 
-    Returns:
-        torch's ``_RNG`` container, or None when this torch has none.
+    __slots__ = ("random_generator", "torch_generator", "numpy_generator")
+
+    def __init__(self, random_generator: Any, torch_generator: Any, numpy_generator: Any = None) -> None:
+        self.random_generator = random_generator
+        self.torch_generator = torch_generator
+        self.numpy_generator = numpy_generator
+
+
+def make_rng(random_generator: Any, torch_generator: Any, numpy_generator: Any) -> Any:
+    """torch's per-thread RNG container (``WorkerInfo.rng``) holding these generators."""
+    rng_cls = getattr(_worker, "_RNG", None) or _ThreadRNG
+    return rng_cls(random_generator, torch_generator, numpy_generator)
+
+
+def make_worker_info(worker_id: int, num_workers: int, base_seed: int, dataset: Any, rng: Any = None) -> Any:
+    """torch's ``WorkerInfo`` for a worker thread (``worker_method="thread"``).
+
+    Works on torch versions where ``WorkerInfo`` is a frozen dataclass with
+    ``rng``/``worker_method`` fields (2.12+) and where it is a plain class that
+    takes any keyword (2.11 and older): there the same two attributes are set.
+
+    Args:
+        worker_id: 0 .. num_workers - 1.
+        num_workers: the loader's ``num_workers``.
+        base_seed: the iterator's base seed (``seed = base_seed + worker_id``).
+        dataset: the dataset the worker reads.
+        rng: the worker's generators (see :func:`make_rng`), or None.
     """
-    import random
-
-    rng_cls = getattr(_worker, "_RNG", None)
-    if rng_cls is None:  # pragma: no cover - older torch
-        return None
-    torch_gen = torch.Generator()
-    torch_gen.manual_seed(seed)
-    try:
-        import numpy as np
-
-        np_gen = np.random.default_rng(numpy_seed_state(base_seed, worker_id))
-    except ImportError:  # pragma: no cover - numpy is a dependency
-        np_gen = None
-    return rng_cls(random.Random(seed), torch_gen, np_gen)
-
-
-def make_worker_info(worker_id: int, num_workers: int, base_seed: int, dataset: Any) -> Any:
-    """torch's ``WorkerInfo`` for a worker thread (``worker_method="thread"``)."""
     seed = base_seed + worker_id
-    fields = getattr(WorkerInfo, "__dataclass_fields__", {})
     kwargs: dict[str, Any] = dict(id=worker_id, num_workers=num_workers, seed=seed, dataset=dataset)
-    if "rng" in fields:
-        kwargs["rng"] = make_rng(seed, base_seed, worker_id)
-    if "worker_method" in fields:
-        kwargs["worker_method"] = "thread"
+    fields = getattr(WorkerInfo, "__dataclass_fields__", None)
+    extra = {"rng": rng, "worker_method": "thread"}
+    for name, value in extra.items():
+        if fields is None or name in fields:
+            kwargs[name] = value
     return WorkerInfo(**kwargs)
 
 

@@ -1,20 +1,25 @@
-"""Worker info and seeding for worker threads.
+"""Worker info and per-worker randomness for worker threads.
 
 Each worker thread gets torch's own ``WorkerInfo`` (``worker_method="thread"``)
-in a thread-local slot, seeded exactly as DataLoader seeds worker processes
-(``seed = base_seed + worker_id``), with per-thread ``random.Random``,
-``torch.Generator`` and NumPy ``Generator`` in ``info.rng``. The global RNGs are
-never reseeded: threads share them, and reseeding from one thread would change
-what every other thread (and the training loop) draws.
+in a thread-local slot (``seed = base_seed + worker_id`` as in DataLoader), and
+its own generators seeded exactly as ``torch``'s ``_worker_loop`` seeds a worker
+process: ``random.Random(seed)``, a ``torch.Generator`` seeded with ``seed`` and
+a legacy NumPy ``RandomState`` seeded with ``_generate_state(base_seed, id)``.
+While the thread is a worker, the *global* RNG API (``torch.manual_seed``,
+``torch.rand``, ``random.random``, ``np.random.rand``...) acts on those
+generators (see ``_rng``), so worker code behaves as in a worker process and the
+training loop's RNG is never touched. ``info.rng`` holds the same generators
+(``torch.random.thread_safe_generator()`` returns the worker's torch generator).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from . import _torch_compat
+from . import _rng, _torch_compat
 
 _torch_compat.install()
+_rng.install()
 
 #: ``torch.utils.data.get_worker_info`` itself (made thread-aware): the info of
 #: the calling worker thread, or of the worker process, or None elsewhere.
@@ -23,6 +28,9 @@ get_worker_info = _torch_compat.TORCH_GET_WORKER_INFO
 
 def enter_worker(worker_id: int, num_workers: int, base_seed: int, dataset: Any) -> Any:
     """Make the calling thread worker ``worker_id`` and return its info.
+
+    From here until :func:`leave_worker`, the thread's global RNG API acts on
+    the worker's own generators, seeded as DataLoader seeds worker processes.
 
     Args:
         worker_id: 0 .. num_workers - 1.
@@ -33,11 +41,15 @@ def enter_worker(worker_id: int, num_workers: int, base_seed: int, dataset: Any)
     Returns:
         The ``WorkerInfo`` now returned by ``get_worker_info()`` in this thread.
     """
-    info = _torch_compat.make_worker_info(worker_id, num_workers, base_seed, dataset)
+    gens = _rng.WorkerGenerators(base_seed, worker_id)
+    rng = _torch_compat.make_rng(gens.random, gens.torch, gens.numpy)
+    info = _torch_compat.make_worker_info(worker_id, num_workers, base_seed, dataset, rng)
     _torch_compat.set_thread_worker_info(info)
+    _rng.enter(gens)
     return info
 
 
 def leave_worker() -> None:
-    """Clear the calling thread's worker info."""
+    """Clear the calling thread's worker info and give it the global RNG API back."""
+    _rng.leave()
     _torch_compat.set_thread_worker_info(None)

@@ -1,0 +1,452 @@
+"""Inside a worker thread the global RNG API is that worker's own, as in a worker process.
+
+DataLoader (worker processes) is the oracle: the same seed must give the same
+batches when the dataset, transforms, collate or worker_init_fn draw random
+numbers through the global API, and the training loop's RNG is never touched.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import random
+import threading
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from threadloader import ThreadDataLoader, _rng, worker
+
+from helpers import to_list
+
+
+def _same(a, b) -> bool:
+    leaves_a = torch.utils._pytree.tree_leaves(a)
+    leaves_b = torch.utils._pytree.tree_leaves(b)
+    if len(leaves_a) != len(leaves_b):
+        return False
+    return all(torch.equal(torch.as_tensor(x), torch.as_tensor(y)) for x, y in zip(leaves_a, leaves_b))
+
+
+def _both(dataset, seed=0, **kwargs):
+    """Batches of DataLoader and ThreadDataLoader from the same global seed."""
+    out = []
+    for cls in (DataLoader, ThreadDataLoader):
+        torch.manual_seed(seed)
+        out.append(list(cls(dataset, **kwargs)))
+    return out
+
+
+class _GlobalDraws(Dataset):
+    """Every sample draws through the global API of torch, random and numpy."""
+
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, i: int):
+        return {
+            "i": i,
+            "rand": torch.rand(2),
+            "randn": torch.randn(1),
+            "uniform_": torch.empty(2).uniform_(),
+            "randint": torch.randint(0, 1000, (1,)),
+            "randperm": torch.randperm(5),
+            "random": random.random(),
+            "randint_py": random.randint(0, 10**6),
+            "np": np.random.rand(),
+            "np_int": np.random.randint(0, 10**6),
+            "initial_seed": torch.initial_seed() % 2**62,  # collatable as int64
+            "info_seed": torch.utils.data.get_worker_info().seed % 2**62,
+        }
+
+
+@pytest.mark.parametrize("num_workers", [1, 3])
+def test_global_draws_in_workers_match_dataloader(num_workers):
+    theirs, ours = _both(_GlobalDraws(), batch_size=2, shuffle=True, num_workers=num_workers)
+    assert _same(ours, theirs)
+    # torch.initial_seed() in a worker is the worker's seed, as in a process.
+    for batch in ours:
+        assert torch.equal(batch["initial_seed"], batch["info_seed"])
+
+
+def test_run_to_run_identical_and_workers_differ():
+    torch.manual_seed(3)
+    a = list(ThreadDataLoader(_GlobalDraws(), batch_size=2, num_workers=2))
+    torch.manual_seed(3)
+    b = list(ThreadDataLoader(_GlobalDraws(), batch_size=2, num_workers=2))
+    assert _same(a, b)
+    # Worker 0 makes batch 0, worker 1 batch 1: different streams.
+    assert not torch.equal(a[0]["rand"], a[1]["rand"])
+
+
+def test_persistent_workers_continue_their_streams_across_epochs():
+    kwargs = dict(batch_size=3, num_workers=2, persistent_workers=True, shuffle=True)
+    out = []
+    for cls in (DataLoader, ThreadDataLoader):
+        torch.manual_seed(7)
+        loader = cls(_GlobalDraws(), **kwargs)
+        out.append([list(loader) for _ in range(2)])
+        del loader
+    assert _same(out[1], out[0])
+
+
+def test_random_collate_fn_matches_dataloader():
+    def mix(batch):  # a random collate (mixup-like), runs in the worker
+        x = torch.stack([b["rand"] for b in batch])
+        return x * torch.rand(len(batch), 1)
+
+    theirs, ours = _both(_GlobalDraws(), batch_size=3, num_workers=2, collate_fn=mix)
+    assert _same(ours, theirs)
+
+
+# --- worker_init_fn seeding ----------------------------------------------------------
+
+def _reseeding_init(worker_id: int) -> None:
+    torch.manual_seed(12345 + worker_id)
+
+
+def _seed_worker(worker_id: int) -> None:
+    # The recipe from torch's "Reproducibility" notes.
+    worker_seed = torch.initial_seed() % 2**32
+    np.random.seed(worker_seed)
+    random.seed(worker_seed)
+
+
+@pytest.mark.parametrize("init_fn", [_reseeding_init, _seed_worker])
+def test_worker_init_fn_seeding_stays_in_the_worker(init_fn):
+    torch.manual_seed(1)
+    before = torch.initial_seed(), torch.get_rng_state(), random.getstate(), np.random.get_state()[1].copy()
+    theirs, ours = _both(_GlobalDraws(), seed=1, batch_size=2, num_workers=3, worker_init_fn=init_fn)
+    assert _same(ours, theirs)
+    torch.manual_seed(1)
+    list(ThreadDataLoader(_GlobalDraws(), batch_size=2, num_workers=3, worker_init_fn=init_fn))
+    # Only the loader's own base-seed draw moved the main generator, as in DataLoader.
+    assert torch.initial_seed() == before[0] == 1
+    torch.manual_seed(1)
+    list(DataLoader(_GlobalDraws(), batch_size=2, num_workers=3, worker_init_fn=init_fn))
+    expected_state = torch.get_rng_state()
+    torch.manual_seed(1)
+    list(ThreadDataLoader(_GlobalDraws(), batch_size=2, num_workers=3, worker_init_fn=init_fn))
+    assert torch.equal(torch.get_rng_state(), expected_state)
+    assert random.getstate() == before[2]
+    assert np.array_equal(np.random.get_state()[1], before[3])
+
+
+def test_seed_worker_recipe_gives_each_worker_its_own_seed():
+    seen = {}
+    lock = threading.Lock()
+
+    def init(worker_id):
+        _seed_worker(worker_id)
+        with lock:
+            seen[worker_id] = (torch.initial_seed(), np.random.rand(), random.random())
+
+    list(ThreadDataLoader(_GlobalDraws(), batch_size=4, num_workers=3, worker_init_fn=init))
+    assert len({v[0] for v in seen.values()}) == 3
+    assert len({v[1] for v in seen.values()}) == 3 and len({v[2] for v in seen.values()}) == 3
+
+
+# --- torchvision training transforms ---------------------------------------------------
+
+@pytest.fixture(scope="module")
+def image_folder(tmp_path_factory):
+    from PIL import Image
+
+    root = tmp_path_factory.mktemp("imagefolder")
+    gen = np.random.default_rng(0)
+    for cls in ("cat", "dog"):
+        (root / cls).mkdir()
+        for i in range(6):
+            h, w = 24 + 4 * i, 40 - 2 * i
+            Image.fromarray(gen.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(root / cls / f"{i}.png")
+    return str(root)
+
+
+def _recipe(version: str):
+    if version == "v1":
+        from torchvision import transforms as T
+
+        return T.Compose([T.RandomResizedCrop(16), T.RandomHorizontalFlip(), T.PILToTensor()])
+    from torchvision.transforms import v2
+
+    return v2.Compose([v2.PILToTensor(), v2.RandomResizedCrop(16, antialias=True), v2.RandomHorizontalFlip()])
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_torchvision_random_augmentations_match_dataloader(image_folder, version):
+    pytest.importorskip("torchvision")
+    from torchvision.datasets import ImageFolder
+
+    dataset = ImageFolder(image_folder, transform=_recipe(version))
+    kwargs = dict(batch_size=4, shuffle=True, num_workers=2)
+    theirs, ours = _both(dataset, seed=0, **kwargs)
+    assert _same(ours, theirs)  # pixels and labels
+    torch.manual_seed(0)
+    again = list(ThreadDataLoader(dataset, **kwargs))
+    assert _same(again, ours)
+
+
+# --- Lightning / Fabric ----------------------------------------------------------------
+
+def test_lightning_pl_worker_init_function_matches_dataloader():
+    seed_mod = pytest.importorskip("lightning.fabric.utilities.seed")
+    init = functools.partial(seed_mod.pl_worker_init_function, rank=0)
+    for seed in (0, 1, 5):  # seed 0 made `initial_seed() - worker_id` negative before
+        theirs, ours = _both(_GlobalDraws(), seed=seed, batch_size=2, num_workers=3, worker_init_fn=init)
+        assert _same(ours, theirs)
+        assert torch.initial_seed() == seed  # the main process was not reseeded
+
+
+def test_fabric_seed_everything_default_installs_a_working_worker_init_fn(monkeypatch):
+    pytest.importorskip("lightning")
+    from lightning.fabric import Fabric
+
+    monkeypatch.delenv("PL_SEED_WORKERS", raising=False)
+    monkeypatch.delenv("PL_GLOBAL_SEED", raising=False)
+    fabric = Fabric(accelerator="cpu", devices=1)
+    out = []
+    for cls in (DataLoader, ThreadDataLoader):
+        fabric.seed_everything(0)  # workers=True by default
+        assert os.environ.get("PL_SEED_WORKERS") == "1"
+        loader = fabric.setup_dataloaders(cls(_GlobalDraws(), batch_size=2, num_workers=2))
+        assert type(getattr(loader, "_dataloader", loader)) is cls  # Fabric kept our loader
+        out.append(list(loader))
+        assert torch.initial_seed() == 0
+    assert _same(out[1], out[0])
+
+
+# --- torch.compile in the training loop while workers draw -----------------------------
+
+class _Busy(Dataset):
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int):
+        return torch.rand(64).sum() + torch.randn(8).mean()
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_compiled_random_step_unaffected_by_running_workers(backend):
+    def step(x):
+        return torch.nn.functional.dropout(x, 0.5, training=True) + torch.rand_like(x)
+
+    compiled = torch.compile(step, backend=backend)
+    x = torch.ones(16)
+    torch.manual_seed(0)
+    alone = [compiled(x) for _ in range(8)]
+    torch.manual_seed(0)
+    loader_gen = torch.Generator().manual_seed(0)  # keeps the main generator out of the loader
+    with_workers = []
+    for _ in ThreadDataLoader(_Busy(), batch_size=8, num_workers=2, generator=loader_gen):
+        with_workers.append(compiled(x))
+    assert _same(with_workers, alone)
+
+
+def test_fullgraph_compile_of_rand_still_works():
+    @torch.compile(backend="eager", fullgraph=True)
+    def f(x):
+        return x + torch.rand(3)
+
+    torch.manual_seed(0)
+    a = f(torch.zeros(3))
+    torch.manual_seed(0)
+    assert torch.equal(a, torch.rand(3))
+
+
+# --- the routing itself ----------------------------------------------------------------
+
+def _in_worker(fn, base_seed=100, worker_id=1):
+    """Run ``fn`` in a fresh thread made a worker; return its result."""
+    out = {}
+
+    def body():
+        worker.enter_worker(worker_id, worker_id + 1, base_seed, None)
+        try:
+            out["value"] = fn()
+        finally:
+            worker.leave_worker()
+            out["after"] = torch._C._len_torch_function_stack()
+
+    t = threading.Thread(target=body)
+    t.start()
+    t.join()
+    assert out["after"] == 0  # the mode is popped when the thread leaves
+    return out["value"]
+
+
+def _reference(seed=101):
+    g = torch.Generator()
+    g.manual_seed(seed)
+    return g
+
+
+_TORCH_SAMPLERS = {
+    "rand": lambda g=None: torch.rand(3, generator=g),
+    "randn": lambda g=None: torch.randn(3, generator=g),
+    "randint": lambda g=None: torch.randint(0, 9, (3,), generator=g),
+    "randint_hi": lambda g=None: torch.randint(9, (3,), generator=g),
+    "randperm": lambda g=None: torch.randperm(7, generator=g),
+    "normal": lambda g=None: torch.normal(torch.zeros(3), torch.ones(3), generator=g),
+    "normal_floats": lambda g=None: torch.normal(0.0, 1.0, (3,), generator=g),
+    "bernoulli": lambda g=None: torch.bernoulli(torch.full((5,), 0.5), generator=g),
+    "multinomial": lambda g=None: torch.multinomial(torch.ones(6), 3, generator=g),
+    "poisson": lambda g=None: torch.poisson(torch.full((3,), 4.0), generator=g),
+    "rand_like": lambda g=None: torch.rand_like(torch.zeros(3), generator=g),
+    "randn_like": lambda g=None: torch.randn_like(torch.zeros(3), generator=g),
+    "randint_like": lambda g=None: torch.randint_like(torch.zeros(3), 9, generator=g),
+    "uniform_": lambda g=None: torch.empty(3).uniform_(generator=g),
+    "normal_": lambda g=None: torch.empty(3).normal_(generator=g),
+    "random_": lambda g=None: torch.empty(3).random_(0, 9, generator=g),
+    "bernoulli_": lambda g=None: torch.empty(3).bernoulli_(0.5, generator=g),
+    "exponential_": lambda g=None: torch.empty(3).exponential_(generator=g),
+    "geometric_": lambda g=None: torch.empty(3).geometric_(0.3, generator=g),
+    "log_normal_": lambda g=None: torch.empty(3).log_normal_(generator=g),
+    "cauchy_": lambda g=None: torch.empty(3).cauchy_(generator=g),
+    "nn.init.normal_": lambda g=None: torch.nn.init.normal_(torch.empty(3), generator=g),
+    "nn.init.kaiming_uniform_": lambda g=None: torch.nn.init.kaiming_uniform_(torch.empty(2, 3), generator=g),
+    "distributions.Normal": lambda g=None: (
+        torch.distributions.Normal(0.0, 1.0).sample((3,)) if g is None else torch.normal(0.0, 1.0, (3,), generator=g)
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_TORCH_SAMPLERS))
+def test_torch_samplers_without_generator_use_the_workers(name):
+    sampler = _TORCH_SAMPLERS[name]
+    main_state = torch.get_rng_state()
+    got = _in_worker(lambda: (sampler(), sampler()))
+    g = _reference()
+    assert _same(got, (sampler(g), sampler(g)))
+    assert torch.equal(torch.get_rng_state(), main_state)  # the main generator never moved
+
+
+def test_explicit_generator_and_other_devices_are_left_alone():
+    def body():
+        mine = torch.Generator().manual_seed(5)
+        a = torch.rand(3, generator=mine)
+        meta = torch.rand(3, device="meta")  # would fail with a CPU generator injected
+        b = torch.rand(3)
+        return a, meta.device.type, b
+
+    a, meta_type, b = _in_worker(body)
+    assert torch.equal(a, torch.rand(3, generator=torch.Generator().manual_seed(5)))
+    assert meta_type == "meta"
+    assert torch.equal(b, torch.rand(3, generator=_reference()))
+
+
+def test_torch_seed_functions_in_a_worker():
+    def body():
+        out = {"initial": torch.initial_seed()}
+        state = torch.get_rng_state()
+        out["first"] = torch.rand(2)
+        torch.set_rng_state(state)
+        out["replay"] = torch.rand(2)
+        gen = torch.manual_seed(9)
+        out["seeded"] = (torch.initial_seed(), torch.rand(2))
+        out["is_worker_gen"] = gen is torch.random.thread_safe_generator()
+        with torch.random.fork_rng(devices=[]):
+            torch.rand(5)
+        out["after_fork"] = torch.rand(2)
+        out["seed"] = torch.seed() == torch.initial_seed()
+        return out
+
+    main = torch.initial_seed(), torch.get_rng_state()
+    out = _in_worker(body)
+    assert out["initial"] == 101
+    assert torch.equal(out["first"], out["replay"])
+    g = torch.Generator().manual_seed(9)
+    assert out["seeded"][0] == 9 and torch.equal(out["seeded"][1], torch.rand(2, generator=g))
+    assert torch.equal(out["after_fork"], torch.rand(2, generator=g))
+    assert out["is_worker_gen"] and out["seed"]
+    assert torch.initial_seed() == main[0] and torch.equal(torch.get_rng_state(), main[1])
+
+
+def test_python_random_in_a_worker_is_seeded_like_a_worker_process():
+    names = ["random", "randint", "uniform", "gauss", "choice", "sample", "shuffle", "getrandbits", "choices"]
+
+    def draws(r):
+        x = list(range(10))
+        r.shuffle(x)
+        return [r.random(), r.randint(0, 99), r.uniform(1, 2), r.gauss(0, 1), r.choice("abc"),
+                r.sample(range(50), 3), x, r.getrandbits(40), r.choices("xyz", k=4)]
+
+    main_state = random.getstate()
+    got = _in_worker(lambda: (draws(random), random.seed(4), random.random()))
+    ref = random.Random(101)
+    assert got[0] == draws(ref)
+    assert got[2] == random.Random(4).random()
+    assert random.getstate() == main_state
+    for name in names:  # signatures are the originals'
+        assert getattr(random, name).__wrapped__ == getattr(random._inst, name)
+
+
+def test_numpy_legacy_random_in_a_worker_is_seeded_like_a_worker_process():
+    from threadloader._torch_compat import numpy_seed_state
+
+    def draws(r):
+        return [r.rand(2), r.randn(), r.randint(0, 99, 3), r.normal(1.0, 2.0), r.choice(5, 2), r.permutation(4),
+                r.random_sample(2), r.uniform()]
+
+    main_state = np.random.get_state()[1].copy()
+    got = _in_worker(lambda: (draws(np.random), np.random.seed(3), np.random.rand(), np.random.ranf(),
+                              np.random.get_bit_generator() is not np.random.mtrand._rand._bit_generator))
+    ref = np.random.RandomState(numpy_seed_state(100, 1))
+    assert all(np.array_equal(a, b) for a, b in zip(got[0], draws(ref)))
+    ref = np.random.RandomState(3)
+    assert got[2] == ref.rand() and got[3] == ref.random_sample()
+    assert got[4]
+    assert np.array_equal(np.random.get_state()[1], main_state)
+
+
+def test_worker_info_rng_holds_the_routed_generators():
+    def body():
+        info = torch.utils.data.get_worker_info()
+        a = torch.rand(2, generator=info.rng.torch_generator)
+        b = torch.rand(2)  # the same stream, as in a process where both are the global generator
+        return a, b, info.rng.random_generator.random() == random.Random(101).random()
+
+    a, b, same_random = _in_worker(body)
+    assert same_random
+    g = _reference()
+    assert torch.equal(a, torch.rand(2, generator=g)) and torch.equal(b, torch.rand(2, generator=g))
+
+
+def test_routing_is_invisible_in_the_main_thread():
+    assert _rng.installed()
+    assert torch._C._len_torch_function_stack() == 0
+    torch.manual_seed(11)
+    assert torch.initial_seed() == 11
+    a = torch.rand(2)
+    torch.manual_seed(11)
+    assert torch.equal(a, torch.rand(2))
+    random.seed(2)
+    assert random.random() == random.Random(2).random()
+    np.random.seed(2)
+    assert np.random.rand() == np.random.RandomState(2).rand()
+
+
+def test_uninstall_restores_and_reinstall_routes_again():
+    try:
+        _rng.uninstall()
+        assert random.random.__self__ is random._inst
+        assert np.random.rand.__self__ is np.random.mtrand._rand
+        assert "_threadloader_worker_rng" not in torch.manual_seed.__code__.co_names
+    finally:
+        _rng.install()
+    assert _rng.installed() and getattr(random.random, "__wrapped__", None) is not None
+
+
+def test_rng_overhead_example_smoke(capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "rng_overhead.py"
+    spec = importlib.util.spec_from_file_location("example_rng_overhead", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rows = module.main(["--smoke"])
+    assert {r["call"] for r in rows} >= {"torch.rand(1)", "random.random()", "np.random.rand()"}
+    assert all(r["installed_ns"] > 0 and r["not_installed_ns"] > 0 for r in rows)
+    assert _rng.installed() and getattr(random.random, "__wrapped__", None) is not None
