@@ -27,7 +27,10 @@ from helpers import Failing, Recorder, Sharded, Slow, Squares, to_list
 def test_signature_is_dataloaders():
     ours = inspect.signature(ThreadDataLoader.__init__).parameters
     theirs = inspect.signature(DataLoader.__init__).parameters
-    assert list(ours) == list(theirs)
+    # DataLoader's parameters, then our one keyword-only addition.
+    assert list(ours) == [*theirs, "worker_processes"]
+    assert ours["worker_processes"].kind == inspect.Parameter.KEYWORD_ONLY
+    assert ours["worker_processes"].default == 0
     for name in theirs:
         assert ours[name].kind == theirs[name].kind, name
         assert ours[name].default == theirs[name].default, name

@@ -32,3 +32,27 @@ def set_collating(pin: bool) -> None:
             the current accelerator, which is the one DataLoader pins for).
     """
     _local.pin = pin
+
+
+# Set once in a threadloader worker process (worker_processes > 0), never
+# cleared: the whole process serves one loader.
+_child_process = False
+
+
+def batches_cross_processes() -> bool:
+    """Whether batches made here travel to another process.
+
+    Returns:
+        True in a threadloader worker *process* (``worker_processes > 0``):
+        collate functions should then build batches in shared memory, as in
+        DataLoader's worker processes, so that sending them copies nothing.
+        False elsewhere (worker threads of the consumer's process share its
+        memory).
+    """
+    return _child_process
+
+
+def mark_child_process() -> None:
+    """Record that this process is a threadloader worker process (called once, in the child)."""
+    global _child_process
+    _child_process = True

@@ -17,10 +17,15 @@ order as the worker process with the same id would. A dataset with
 ``__getitems__`` gets one call per batch (torch's semantics). An IterableDataset
 gets one replica iterator per worker.
 
-All state the threads touch lives in :class:`_Shared`: one C-level job queue
-per worker and one result queue. The threads never reference the iterator
-object, so dropping the iterator (``del``, garbage collection) runs its
-finalizer, which stops and joins them.
+The consumer talks to its workers through a *pool*: ``submit(worker_id,
+job)``, a ``results`` queue it reads, ``generation`` / ``new_epoch()``,
+``counters`` and ``stop()``. :class:`ThreadPool` (here) runs the workers as
+threads of this process; ``threadloader._procs.ProcessPool`` spreads the same
+threads over child processes (``worker_processes``). All state the threads
+touch lives in :class:`_Shared`: one C-level job queue per worker and one
+result queue. Neither the threads nor the pool reference the iterator object,
+so dropping the iterator (``del``, garbage collection) runs its finalizer,
+which stops the pool.
 """
 
 from __future__ import annotations
@@ -54,8 +59,9 @@ from .stats import LoaderStats, WorkerCounters
 #: daemon and exits at its next check); we never wait on it for long.
 JOIN_BUDGET_S = 1.0
 
-#: Message kinds on the result queue.
-_DATA, _STOPPED, _DIED = 0, 1, 2
+#: Message kinds on the result queue. ``_CRASHED``: a worker process died;
+#: its payload is the message of the RuntimeError the consumer raises.
+_DATA, _STOPPED, _DIED, _CRASHED = 0, 1, 2, 3
 
 
 @dataclass
@@ -77,23 +83,24 @@ class _Config:
 
 
 class _Shared:
-    """What the consumer and the worker threads share.
+    """What the pool's owner and its worker threads share.
 
     Hand-offs go through ``queue.SimpleQueue`` (C-level, cheap, and its
     blocking ``get`` releases the GIL and is interruptible): one job queue
-    per worker (tasks are assigned, as in DataLoader) and one result queue.
+    per worker (tasks are assigned, as in DataLoader) and one result queue
+    (in a worker process, the process's ``torch.multiprocessing`` queue to
+    the parent). Both are keyed by *global* worker id.
     """
 
-    def __init__(self, num_workers: int) -> None:
-        self.num_workers = num_workers
-        self.jobs = [queue.SimpleQueue() for _ in range(num_workers)]
-        self.results: queue.SimpleQueue = queue.SimpleQueue()
-        # Written by the consumer, read by workers to skip stale or unneeded
+    def __init__(self, worker_ids: list[int], results: Any, counters: Any) -> None:
+        self.jobs = {w: queue.SimpleQueue() for w in worker_ids}
+        self.results = results
+        # Written by the owner, read by workers to skip stale or unneeded
         # work early; correctness never depends on a worker seeing it in time
         # (the consumer drops results of an old generation itself).
         self.generation = 0
         self.stopping = False
-        self.counters = [WorkerCounters() for _ in range(num_workers)]
+        self.counters = counters
 
     def post(self, gen: int, idx: int, worker_id: int, payload: Any) -> None:
         self.results.put((_DATA, gen, idx, worker_id, payload))
@@ -288,15 +295,64 @@ def _drain(q: queue.SimpleQueue) -> None:
 def _stop_threads(shared: _Shared, threads: list[threading.Thread]) -> None:
     """Tell every worker to stop, then join them within :data:`JOIN_BUDGET_S`."""
     shared.stopping = True
-    for jobs in shared.jobs:
+    for jobs in shared.jobs.values():
         _drain(jobs)
         jobs.put(None)
-    _drain(shared.results)
     deadline = time.monotonic() + JOIN_BUDGET_S
     current = threading.current_thread()
     for thread in threads:
         if thread is not current:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
+
+
+class ThreadPool:
+    """Worker threads for some of a loader's worker ids (all of them, or one process's share).
+
+    Args:
+        cfg: what every worker needs.
+        worker_ids: the global ids of the workers to run here.
+        results: where workers post ``(kind, generation, task, worker_id,
+            payload)``; a fresh ``SimpleQueue`` when None.
+        counters: per-worker counters keyed by global id; fresh
+            :class:`WorkerCounters` when None.
+    """
+
+    def __init__(self, cfg: _Config, worker_ids: list[int], results: Any = None, counters: Any = None) -> None:
+        self._owns_results = results is None
+        if results is None:
+            results = queue.SimpleQueue()
+        if counters is None:
+            counters = [WorkerCounters() for _ in range(cfg.num_workers)]
+        self._shared = shared = _Shared(list(worker_ids), results, counters)
+        self.results = results
+        self.counters = counters
+        self._threads = [
+            threading.Thread(target=_worker_main, args=(shared, cfg, w), name=f"threadloader-worker-{w}", daemon=True)
+            for w in worker_ids
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    @property
+    def generation(self) -> int:
+        return self._shared.generation
+
+    def submit(self, worker_id: int, job: tuple[int, int, Any]) -> None:
+        """Queue ``(task, generation, index)`` for worker ``worker_id``."""
+        self._shared.jobs[worker_id].put(job)
+
+    def new_epoch(self, generation: int | None = None) -> None:
+        """Drop queued jobs; results of older generations are stale from now on."""
+        shared = self._shared
+        shared.generation = shared.generation + 1 if generation is None else generation
+        for jobs in shared.jobs.values():
+            _drain(jobs)
+
+    def stop(self) -> None:
+        """Stop and join the threads (idempotent), dropping undelivered results."""
+        _stop_threads(self._shared, self._threads)
+        if self._owns_results:
+            _drain(self.results)
 
 
 # --- consumer side ---------------------------------------------------------------
@@ -344,17 +400,18 @@ class ThreadedLoaderIter(BaseDataLoaderIter):
             pin_device=self._pin_memory_device,
             device_index=device_index,
         )
-        self._shared = shared = _Shared(self._num_workers)
-        self._threads = [
-            threading.Thread(target=_worker_main, args=(shared, cfg, i), name=f"threadloader-worker-{i}", daemon=True)
-            for i in range(self._num_workers)
-        ]
+        self._failure: str | None = None
+        processes = getattr(loader, "worker_processes", 0)
+        if processes:
+            from ._procs import ProcessPool  # the process layer builds on this module
+
+            self._pool: Any = ProcessPool(cfg, processes, loader.multiprocessing_context)
+        else:
+            self._pool = ThreadPool(cfg, list(range(self._num_workers)))
         # Runs on del / garbage collection of this iterator, on explicit
         # shutdown, and at interpreter exit (weakref.finalize's atexit hook).
-        self._finalizer = weakref.finalize(self, _stop_threads, shared, self._threads)
-        self._stats.bind(shared.counters, self._num_workers)
-        for thread in self._threads:
-            thread.start()
+        self._finalizer = weakref.finalize(self, self._pool.stop)
+        self._stats.bind(self._pool.counters, self._num_workers)
         self._reset(loader, first_iter=True)
         if plan is not None:
             self._num_yielded = plan.num_yielded
@@ -397,10 +454,7 @@ class ThreadedLoaderIter(BaseDataLoaderIter):
         self._worker_queue_idx_cycle = itertools.cycle(range(self._num_workers))
         self._stash: dict[int, tuple[int, Any]] = {}  # results received ahead of their turn
         if not first_iter:
-            shared = self._shared
-            shared.generation += 1  # results of the old epoch are dropped on arrival
-            for jobs in shared.jobs:
-                _drain(jobs)
+            self._pool.new_epoch()  # results of the old epoch are dropped on arrival
             self._stats.new_epoch()
         for _ in range(self._prefetch_factor * self._num_workers):
             self._try_put_index()
@@ -429,8 +483,8 @@ class ThreadedLoaderIter(BaseDataLoaderIter):
             return
         if self._auto_collation and not self._is_iterable and not isinstance(index, (list, tuple)):
             index = list(index)  # a batch sampler may yield any iterable of indices
-        shared = self._shared
-        shared.jobs[worker_id].put((idx, shared.generation, index))
+        pool = self._pool
+        pool.submit(worker_id, (idx, pool.generation, index))
         self._workers_num_tasks[worker_id] += 1
         self._task_info[idx] = worker_id
         self._task_items[idx] = len(index) if self._auto_collation and hasattr(index, "__len__") else 1
@@ -438,6 +492,8 @@ class ThreadedLoaderIter(BaseDataLoaderIter):
         self._send_idx += 1
 
     def _next_data(self) -> Any:
+        if self._failure is not None:  # a worker process died: the workers are gone
+            raise RuntimeError(self._failure)
         while True:
             while self._rcvd_idx < self._send_idx:
                 worker_id = self._task_info.get(self._rcvd_idx, _MISSING)
@@ -486,7 +542,8 @@ class ThreadedLoaderIter(BaseDataLoaderIter):
         elif self._stash:
             idx = next(iter(self._stash))  # arrival order
             return (_DATA, idx, *self._stash.pop(idx))
-        results = self._shared.results
+        pool = self._pool
+        results = pool.results
         timeout = self._timeout if self._timeout > 0 else None
         deadline = None if timeout is None else time.monotonic() + timeout
         t0 = time.perf_counter()
@@ -499,10 +556,14 @@ class ThreadedLoaderIter(BaseDataLoaderIter):
                         kind, gen, idx, worker_id, payload = results.get(timeout=max(0.0, deadline - time.monotonic()))
                 except queue.Empty:
                     raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds") from None
+                if kind == _CRASHED:
+                    self._failure = payload
+                    self._shutdown_workers()
+                    raise RuntimeError(payload)
                 if kind == _DIED:
                     raise RuntimeError(
                         f"DataLoader worker (thread {worker_id}) exited unexpectedly: {payload!r}") from payload
-                if gen != self._shared.generation:
+                if gen != pool.generation:
                     continue  # from an epoch that was abandoned
                 if kind == _STOPPED or not self._in_order or idx == self._rcvd_idx:
                     return kind, idx, worker_id, payload

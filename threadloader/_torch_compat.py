@@ -17,7 +17,9 @@ Two behaviours of torch have to be adjusted for worker *threads*:
   is set, to save a copy when sending a batch to the parent process. Threads
   share memory already, so that allocation is pure cost. The tensor entry of
   ``default_collate_fn_map`` is wrapped to hide our worker info for the duration
-  of the stack; process workers are unaffected.
+  of the stack; process workers are unaffected, and so are the threads of a
+  threadloader worker process (``worker_processes``), whose batches do travel
+  to the parent.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from typing import Any, Callable
 
 import torch
 from torch._utils import ExceptionWrapper
+
+from . import _context
 from torch.utils.data import dataloader as _dl
 from torch.utils.data._utils import collate as _collate
 from torch.utils.data._utils import pin_memory as _pin
@@ -195,8 +199,9 @@ def _thread_aware_get_worker_info():  # pragma: no cover - body runs as torch's
 def _collate_tensor_without_shm(batch, *, collate_fn_map=None):
     # default_collate asks get_worker_info() whether to allocate the batch in
     # shared memory. In our threads the answer must be "no": hide the info for
-    # this call only (thread-local, so other threads are unaffected).
-    if getattr(_tls, "info", None) is None:
+    # this call only (thread-local, so other threads are unaffected). In a
+    # worker process the batch goes to the parent: shared memory saves a copy.
+    if getattr(_tls, "info", None) is None or _context.batches_cross_processes():
         return _original_collate_tensor(batch, collate_fn_map=collate_fn_map)
     previous = getattr(_tls, "hide", False)
     _tls.hide = True

@@ -8,6 +8,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 import weakref
 
+from . import _procs
 from . import state as _state
 from . import worker as _worker  # noqa: F401 - installs thread-aware worker info
 from ._engine import ResumableSingleIter, ThreadedLoaderIter
@@ -27,11 +28,21 @@ class ThreadDataLoader(DataLoader):
     the batches come out in sampler order (or as ready with ``in_order=False``).
     ``num_workers=0`` loads in the calling thread, exactly as DataLoader does.
 
-    ``multiprocessing_context`` is validated as DataLoader validates it and
-    otherwise ignored: no process is started.
+    ``worker_processes=P`` (keyword-only, default 0) spreads the
+    ``num_workers`` threads over P child processes (worker ``w`` in process
+    ``w % P``), for datasets whose Python holds the GIL; batches are built in
+    shared memory there. The contract is the same. ``multiprocessing_context``
+    picks their start method; with ``worker_processes=0`` it is validated as
+    DataLoader validates it and otherwise ignored: no process is started.
 
     Args:
-        The same as :class:`torch.utils.data.DataLoader`.
+        The same as :class:`torch.utils.data.DataLoader`, plus
+        worker_processes: 0 (all workers are threads of this process) or
+            1 .. ``num_workers`` worker processes.
+
+    Raises:
+        ValueError: DataLoader's errors, and a ``worker_processes`` that is
+            not an int in 0 .. ``num_workers`` (or > 0 with no workers).
     """
 
     def __init__(
@@ -54,6 +65,7 @@ class ThreadDataLoader(DataLoader):
         persistent_workers: bool = False,
         pin_memory_device: str = "",
         in_order: bool = True,
+        worker_processes: int = 0,
     ) -> None:
         super().__init__(
             dataset,
@@ -74,6 +86,8 @@ class ThreadDataLoader(DataLoader):
             pin_memory_device=pin_memory_device,
             in_order=in_order,
         )
+        _procs.check_worker_processes(worker_processes, self.num_workers)
+        self.worker_processes = worker_processes
         self._resume_plan: _state.ResumePlan | None = None
         self._pending_plan: _state.ResumePlan | None = None
         self._live_iterator: weakref.ref | None = None
@@ -107,6 +121,7 @@ class ThreadDataLoader(DataLoader):
         if self.num_workers == 0:
             return ResumableSingleIter(self, plan)
         self.check_worker_number_rationality()
+        _procs.check_worker_processes(self.worker_processes, self.num_workers)  # it is a plain attribute
         it = ThreadedLoaderIter(self, plan)
         self._last_stats = it.stats
         return it

@@ -1,0 +1,433 @@
+"""worker_processes: the thread engine spread over child processes, same contract.
+
+DataLoader (with forked worker processes where worker identity matters) is the
+oracle. Every test also checks, through the ``no_leaks`` fixture, that no
+child process, worker/receiver thread, open file descriptor or /dev/shm entry
+outlives it.
+"""
+
+from __future__ import annotations
+
+import collections
+import gc
+import inspect
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from multiprocessing import resource_tracker
+
+import psutil
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.utils.data import DataLoader, Dataset, default_collate, get_worker_info
+
+from threadloader import ThreadDataLoader, _context
+
+from conftest import wait_no_worker_threads
+from helpers import Failing, Sharded, Slow, Squares, to_list
+from test_oracle import loader_args, materialize, run_epochs
+
+FORK = "fork"
+
+
+def _children() -> list[psutil.Process]:
+    # multiprocessing's resource tracker (started once by the spawn start
+    # method, for the whole session) is not a worker process.
+    tracker = getattr(resource_tracker._resource_tracker, "_pid", None)
+    return [p for p in psutil.Process().children(recursive=True)
+            if p.status() != psutil.STATUS_ZOMBIE and p.pid != tracker]
+
+
+def _fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+def _shm() -> set[str]:
+    """This process's shared-memory entries: named after it, or still mapped by it.
+
+    /dev/shm is machine-wide and other processes' semaphores come and go in
+    it, so only what can be ours is looked at: torch's segments carry the pid
+    of their creator, and a segment or semaphore we still use is in our maps.
+    """
+    names = {n for n in (os.listdir("/dev/shm") if os.path.isdir("/dev/shm") else [])
+             if f"_{os.getpid()}_" in n}
+    with open("/proc/self/maps") as maps:
+        mapped = {line.split(None, 5)[-1].strip() for line in maps if "/dev/shm/" in line}
+    return names | mapped
+
+
+def _wait(cond, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return cond()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _warm_up():
+    # multiprocessing opens some process-wide things once (its resource
+    # sharer, for example; and the resource tracker with its pipe, for the
+    # spawn start method); do that before the per-test baselines.
+    resource_tracker.ensure_running()
+    list(ThreadDataLoader(Squares(4), batch_size=2, num_workers=2, worker_processes=2,
+                          multiprocessing_context=FORK))
+    gc.collect()
+    yield
+
+
+@pytest.fixture(autouse=True)
+def no_leaks():
+    gc.collect()
+    children, fds, shm = _children(), _fds(), _shm()
+    yield
+    gc.collect()
+    assert _wait(lambda: len(_children()) <= len(children)), f"leaked processes: {_children()}"
+    assert not wait_no_worker_threads()
+    assert _wait(lambda: _fds() <= fds), f"leaked file descriptors: {_fds() - fds}"
+    assert _wait(lambda: _shm() <= shm), f"leaked shared memory: {_shm() - shm}"
+
+
+# --- the same batches as DataLoader ----------------------------------------------------
+
+@settings(max_examples=12)
+@given(
+    args=loader_args(),
+    num_workers=st.integers(1, 4),
+    data=st.data(),
+    prefetch=st.integers(1, 3),
+    persistent=st.booleans(),
+    seed=st.integers(0, 1000),
+)
+def test_same_batches_and_rng_as_dataloader(args, num_workers, data, prefetch, persistent, seed):
+    n, kwargs, uses_generator, gen_seed = args
+    processes = data.draw(st.integers(1, min(num_workers, 2)))
+    dataset = Squares(n)
+    oracle = dict(num_workers=1, persistent_workers=True, multiprocessing_context=FORK) if persistent else {}
+    expected, rng_expected = run_epochs(
+        DataLoader, dataset, 2, seed, **oracle, **materialize(kwargs, n, uses_generator, gen_seed))
+    got, rng_got = run_epochs(
+        ThreadDataLoader, dataset, 2, seed, num_workers=num_workers, worker_processes=processes,
+        multiprocessing_context=FORK, prefetch_factor=prefetch, persistent_workers=persistent,
+        **materialize(kwargs, n, uses_generator, gen_seed))
+    assert got == expected
+    assert torch.equal(rng_got, rng_expected), "global RNG consumed differently from DataLoader"
+
+
+@settings(max_examples=8)
+@given(n=st.integers(0, 30), batch_size=st.integers(1, 5), num_workers=st.integers(1, 3),
+       drop_last=st.booleans(), seed=st.integers(0, 100))
+def test_in_order_false_gives_the_same_multiset(n, batch_size, num_workers, drop_last, seed):
+    dataset = Squares(n)
+    kw = dict(batch_size=batch_size, shuffle=True, drop_last=drop_last)
+    expected, _ = run_epochs(DataLoader, dataset, 1, seed, **kw)
+    got, _ = run_epochs(ThreadDataLoader, dataset, 1, seed, num_workers=num_workers, in_order=False,
+                        worker_processes=min(num_workers, 2), multiprocessing_context=FORK, **kw)
+    assert collections.Counter(map(repr, got[0])) == collections.Counter(map(repr, expected[0]))
+
+
+@pytest.mark.parametrize("num_workers,processes", [(1, 1), (3, 2), (4, 2)])
+@pytest.mark.parametrize("batch_size,drop_last", [(None, False), (3, False), (3, True)])
+def test_iterable_dataset_matches_worker_processes(num_workers, processes, batch_size, drop_last):
+    dataset = Sharded(0, 29, uneven=True)
+    kwargs = dict(batch_size=batch_size, drop_last=drop_last, num_workers=num_workers, multiprocessing_context=FORK)
+    expected = to_list(DataLoader(dataset, **kwargs))
+    loader = ThreadDataLoader(dataset, worker_processes=processes, persistent_workers=True, **kwargs)
+    assert [to_list(loader) for _ in range(2)] == [expected, expected]
+
+
+class WhoAmI(Dataset):
+    """Reports, per index, the worker info and process seen, and whether worker_init_fn ran there."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.inited: set[int] = set()
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        info = get_worker_info()
+        return torch.tensor([i, info.id, info.num_workers, info.seed, os.getpid(), info.id in self.inited])
+
+
+def _init(worker_id: int) -> None:
+    info = get_worker_info()
+    assert info.id == worker_id
+    info.dataset.inited.add(worker_id)
+
+
+def test_worker_info_global_ids_seeds_init_fn_and_placement():
+    def rows(cls, **kw):
+        g = torch.Generator().manual_seed(5)
+        out = cls(WhoAmI(40), batch_size=2, shuffle=True, generator=g, num_workers=4, worker_init_fn=_init,
+                  multiprocessing_context=FORK, **kw)
+        return torch.cat(list(out)).tolist()
+
+    ours, theirs = rows(ThreadDataLoader, worker_processes=2), rows(DataLoader)
+    # index, worker id, num_workers and seed are DataLoader's; init ran in the worker's own process
+    assert [r[:4] for r in ours] == [r[:4] for r in theirs]
+    assert all(r[5] == 1 for r in ours)
+    pid_of = {r[1]: r[4] for r in ours}
+    assert os.getpid() not in pid_of.values()
+    assert pid_of[0] == pid_of[2] != pid_of[1] == pid_of[3]  # worker w in process w % P
+
+
+def _collate_reporting_shm(batch):
+    out = default_collate(batch)
+    return out, torch.tensor(out[1].is_shared()), torch.tensor(_context.batches_cross_processes())
+
+
+def test_batches_are_built_in_shared_memory_in_the_child():
+    loader = ThreadDataLoader(Squares(12), batch_size=4, num_workers=2, worker_processes=2,
+                              collate_fn=_collate_reporting_shm, multiprocessing_context=FORK)
+    for (indices, squares), shared_in_child, cross in loader:
+        # Allocated in shared memory by default_collate in the child: sending
+        # it moved a handle, not the data (a private buffer would be copied).
+        assert bool(shared_in_child) and bool(cross)
+        assert squares.is_shared()
+        assert squares.flatten().tolist() == [i * i for i in indices.tolist()]
+    # Worker threads of this process still collate in private memory.
+    threads = ThreadDataLoader(Squares(4), batch_size=4, num_workers=1, collate_fn=_collate_reporting_shm)
+    (_, squares), shared, cross = next(iter(threads))
+    assert not bool(shared) and not bool(cross) and not squares.is_shared()
+
+
+# --- arguments ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("value,num_workers,match", [
+    (-1, 2, "worker_processes option should be non-negative"),
+    (1.0, 2, "worker_processes option should be an int"),
+    (True, 2, "worker_processes option should be an int"),
+    (3, 2, "worker_processes option should be at most num_workers"),
+    (1, 0, "worker_processes option could only be specified with worker threads"),
+])
+def test_bad_worker_processes_raise_one_line_value_errors(value, num_workers, match):
+    with pytest.raises(ValueError, match=match) as info:
+        ThreadDataLoader(Squares(4), num_workers=num_workers, worker_processes=value)
+    assert "\n" not in str(info.value)
+
+
+def test_reinstantiation_keeps_worker_processes():
+    loader = ThreadDataLoader(Squares(9), batch_size=2, num_workers=2, worker_processes=2, multiprocessing_context=FORK)
+    params = inspect.signature(type(loader).__init__).parameters
+    kwargs = {n: getattr(loader, n) for n in params if n != "self" and hasattr(loader, n) and n != "shuffle"}
+    kwargs["batch_sampler"] = None
+    clone = type(loader)(**kwargs)
+    assert clone.worker_processes == 2
+    assert to_list(clone) == to_list(DataLoader(Squares(9), batch_size=2))
+
+
+# --- errors, timeout --------------------------------------------------------------------
+
+def test_worker_exception_reraised_with_traceback_and_iterator_continues():
+    it = iter(ThreadDataLoader(Failing(8, {2}), batch_size=2, num_workers=2, worker_processes=2,
+                               multiprocessing_context=FORK))
+    assert next(it).tolist() == [0, 1]
+    with pytest.raises(ValueError) as info:
+        next(it)
+    msg = str(info.value)
+    assert "dataset index 2" in msg and "Original Traceback" in msg and "bad sample 2" in msg
+    assert [b.tolist() for b in it] == [[4, 5], [6, 7]]
+
+
+def test_worker_init_fn_exception_reaches_user():
+    def bad_init(worker_id):
+        raise KeyError("no init")
+
+    with pytest.raises(KeyError, match="worker_init_fn"):
+        list(ThreadDataLoader(Squares(4), num_workers=2, worker_processes=1, worker_init_fn=bad_init,
+                              multiprocessing_context=FORK))
+
+
+def test_timeout_raises_dataloaders_error():
+    loader = ThreadDataLoader(Slow(4, 3.0), num_workers=1, worker_processes=1, timeout=0.3,
+                              multiprocessing_context=FORK)
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"^DataLoader timed out after 0.3 seconds$"):
+        next(iter(loader))
+    assert time.monotonic() - t0 < 2.5
+
+
+def test_killed_worker_process_raises_instead_of_hanging():
+    it = iter(ThreadDataLoader(Slow(100, 0.02), num_workers=2, worker_processes=2, multiprocessing_context=FORK))
+    next(it)
+    victim = it._pool.pids[1]
+    os.kill(victim, signal.SIGKILL)
+    with pytest.raises(RuntimeError, match=rf"DataLoader worker \(pid\(s\) {victim}\) exited unexpectedly"):
+        for _ in it:
+            pass
+    with pytest.raises(RuntimeError, match="exited unexpectedly"):
+        next(it)  # stays failed; does not hang on workers that are gone
+    del it
+
+
+# --- shutdown on every exit path -----------------------------------------------------------
+
+@pytest.mark.parametrize("how", ["exhaust", "break", "raise", "persistent_del", "cycle"])
+def test_processes_stop_on_every_exit_path(how):
+    loader = ThreadDataLoader(Slow(60, 0.001), batch_size=2, num_workers=3, worker_processes=2,
+                              persistent_workers=how == "persistent_del", multiprocessing_context=FORK)
+    if how == "exhaust":
+        assert len(list(loader)) == 30
+    elif how == "break":
+        for i, _ in enumerate(loader):
+            if i == 3:
+                break
+    elif how == "raise":
+        with pytest.raises(ZeroDivisionError):
+            for _ in loader:
+                1 / 0
+    elif how == "persistent_del":
+        list(loader)
+        assert len(_children()) >= 2
+        del loader
+    else:
+        it = iter(loader)
+        next(it)
+        holder = {"it": it}
+        holder["self"] = holder  # only the cycle collector frees it
+        del it, holder
+    # the fixture checks processes, threads, fds and /dev/shm
+
+
+def test_persistent_workers_keep_their_processes_across_epochs():
+    loader = ThreadDataLoader(Squares(10), batch_size=3, num_workers=2, worker_processes=2, persistent_workers=True,
+                              multiprocessing_context=FORK)
+    list(loader)
+    pids = loader._iterator._pool.pids
+    assert to_list(loader) == to_list(DataLoader(Squares(10), batch_size=3))
+    assert loader._iterator._pool.pids == pids and all(psutil.pid_exists(p) for p in pids)
+    del loader
+
+
+CHILD = textwrap.dedent(
+    """
+    import os, sys, time
+    from torch.utils.data import Dataset
+    from threadloader import ThreadDataLoader
+
+    class Slow(Dataset):
+        def __len__(self): return 10**6
+        def __getitem__(self, i):
+            time.sleep(0.01)
+            return i
+
+    loader = ThreadDataLoader(Slow(), batch_size=2, num_workers=2, worker_processes=2, persistent_workers=True)
+    it = iter(loader)
+    next(it)
+    print(" ".join(map(str, it._pool.pids)), flush=True)
+    if {mode!r} == "sleep":
+        time.sleep(60)
+    elif {mode!r} == "loop":
+        try:
+            for _ in it:
+                pass
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+            raise
+    """
+)
+
+
+def _gone(pids: list[int]) -> bool:
+    def dead(pid: int) -> bool:
+        try:
+            return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    return all(dead(p) for p in pids)
+
+
+def _spawn(mode: str) -> tuple[subprocess.Popen, list[int]]:
+    proc = subprocess.Popen([sys.executable, "-c", CHILD.format(mode=mode)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    pids = [int(p) for p in proc.stdout.readline().split()]
+    assert len(pids) == 2, proc.stderr.read() if proc.poll() is not None else pids
+    return proc, pids
+
+
+def test_children_exit_when_the_parent_is_killed():
+    proc, pids = _spawn("sleep")
+    try:
+        proc.kill()
+        proc.wait(timeout=5)
+        assert _wait(lambda: _gone(pids), timeout=5), "worker processes outlived their killed parent"
+    finally:
+        proc.kill()
+        proc.communicate()
+
+
+def test_ctrl_c_and_interpreter_exit_stop_the_children():
+    proc, pids = _spawn("loop")
+    try:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=10)
+    finally:
+        proc.kill()
+    assert "interrupted" in out and "KeyboardInterrupt" in err
+    assert _wait(lambda: _gone(pids), timeout=5)
+    proc, pids = _spawn("exit")  # persistent workers alive at interpreter exit
+    try:
+        _, err = proc.communicate(timeout=10)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert _wait(lambda: _gone(pids), timeout=5)
+
+
+# --- resume, stats, pinning ---------------------------------------------------------------
+
+@pytest.mark.parametrize("in_order", [True, False])
+def test_resume_mid_epoch(in_order):
+    def make():
+        return ThreadDataLoader(Squares(30), batch_size=3, shuffle=True, num_workers=3, worker_processes=2,
+                                generator=torch.Generator().manual_seed(3), in_order=in_order,
+                                multiprocessing_context=FORK)
+
+    full = to_list(make())
+    loader = make()
+    it = iter(loader)
+    head = [to_list([next(it)])[0] for _ in range(4)]
+    state = loader.state_dict()
+    del it, loader
+    resumed = make()
+    resumed.load_state_dict(state)
+    rest = to_list(resumed)
+    if in_order:
+        assert head + rest == full
+    else:
+        assert sorted(map(repr, head + rest)) == sorted(map(repr, full))
+
+
+def test_stats_count_the_childrens_work():
+    loader = ThreadDataLoader(Slow(24, 0.002), batch_size=4, num_workers=2, worker_processes=2,
+                              multiprocessing_context=FORK)
+    list(loader)
+    snap = loader.stats().snapshot()
+    assert snap["batches"] == 6 and snap["items"] == 24 and snap["items_fetched"] == 24
+    assert snap["fetch_s"] >= 24 * 0.002 * 0.9
+    assert 0 < snap["worker_utilization"] <= 1
+
+
+def test_spawn_start_method():
+    loader = ThreadDataLoader(Squares(10), batch_size=3, num_workers=2, worker_processes=1,
+                              multiprocessing_context="spawn")
+    assert to_list(loader) == to_list(DataLoader(Squares(10), batch_size=3))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_pin_memory_pins_in_the_parent():
+    loader = ThreadDataLoader(Squares(8), batch_size=4, num_workers=2, worker_processes=2, pin_memory=True,
+                              multiprocessing_context=FORK)
+    batches = list(loader)
+    assert all(b[1].is_pinned() for b in batches)
+    assert to_list(batches) == to_list(DataLoader(Squares(8), batch_size=4))
+    assert loader.stats().snapshot()["pin_s"] > 0
