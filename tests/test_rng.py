@@ -450,3 +450,37 @@ def test_rng_overhead_example_smoke(capsys):
     assert {r["call"] for r in rows} >= {"torch.rand(1)", "random.random()", "np.random.rand()"}
     assert all(r["installed_ns"] > 0 and r["not_installed_ns"] > 0 for r in rows)
     assert _rng.installed() and getattr(random.random, "__wrapped__", None) is not None
+
+
+def test_frame_collate_runs_outside_the_routing_mode_and_keeps_it() -> None:
+    # threadloader's own kernels skip the per-call hook; user code in the same
+    # worker still gets its draws routed afterwards.
+    import numpy as np
+
+    from threadloader import Frame, ThreadDataLoader, frame_collate
+    from threadloader import _rng, _torch_compat
+
+    seen = []
+
+    class Probe(torch.utils.data.Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return Frame(np.full((4, 4, 3), i, np.uint8))
+
+    def collate(batch):
+        seen.append(type(_torch_compat.top_function_mode()).__name__)
+        with _rng.routing_suspended():
+            seen.append(_torch_compat.top_function_mode())
+        out = frame_collate(batch)
+        seen.append(type(_torch_compat.top_function_mode()).__name__)
+        return out, torch.rand(1)
+
+    got = list(ThreadDataLoader(Probe(), batch_size=2, num_workers=1, collate_fn=collate, generator=torch.Generator().manual_seed(3)))
+    want = list(torch.utils.data.DataLoader(Probe(), batch_size=2, num_workers=1, collate_fn=lambda b: (frame_collate(b), torch.rand(1)),
+                                            generator=torch.Generator().manual_seed(3)))
+    assert seen[:3] == ["_RouteRandomOps", None, "_RouteRandomOps"]
+    assert [g[1].item() for g in got] == [w[1].item() for w in want]
+    with _rng.routing_suspended():  # outside workers: nothing to set aside
+        assert _torch_compat.top_function_mode() is None

@@ -41,6 +41,7 @@ from typing import Any, Callable
 import torch
 
 from . import _context, worker
+from ._intraop import limit_this_thread
 from ._torch_compat import (
     BaseDataLoaderIter,
     DatasetKind,
@@ -115,6 +116,8 @@ def _where(worker_id: int, what: str) -> str:
 def _worker_main(shared: _Shared, cfg: _Config, worker_id: int) -> None:
     """Body of one worker thread: set up worker info, init, then serve tasks."""
     try:
+        # N workers must not each fan out over torch's intra-op pool.
+        limit_this_thread()
         if cfg.pin and cfg.device_index is not None:
             torch.accelerator.set_device_index(cfg.device_index)
         worker.enter_worker(worker_id, cfg.num_workers, cfg.base_seed, cfg.dataset)

@@ -37,6 +37,7 @@ from typing import Any, Callable
 import torch
 from torch.overrides import TorchFunctionMode
 
+from . import _torch_compat
 from ._torch_compat import numpy_seed_state
 
 try:
@@ -422,3 +423,28 @@ def leave() -> None:
     _PY_RANDOM.set(_random._inst)
     if _mtrand is not None:
         _NP_LEGACY.set(_mtrand._rand)
+
+
+class routing_suspended:
+    """Context in which the calling worker thread's torch calls skip the routing mode.
+
+    The mode's Python hook costs microseconds per torch call; threadloader's
+    own per-image kernels (frame collate) draw no random numbers, so they set
+    it aside. Only our mode, and only when it is the innermost one, is set
+    aside; elsewhere this does nothing.
+    """
+
+    __slots__ = ("_mode",)
+
+    def __enter__(self) -> None:
+        gens = _WORKER.get()
+        mode = gens._mode if gens is not None else None
+        if mode is not None and _torch_compat.top_function_mode() is mode:
+            _torch_compat.pop_function_mode()
+            self._mode = mode
+        else:
+            self._mode = None
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._mode is not None:
+            _torch_compat.push_function_mode(self._mode)

@@ -237,3 +237,17 @@ def install() -> None:
 
 # Keep a reference so tests can check the patch targets the same function.
 TORCH_GET_WORKER_INFO: types.FunctionType = _worker.get_worker_info
+
+
+# --- torch function modes (the worker-thread RNG routing is one) -------------------
+
+def top_function_mode() -> Any:
+    """The innermost torch function mode active in the calling thread, or None."""
+    n = torch._C._len_torch_function_stack()
+    return torch._C._get_function_stack_at(n - 1) if n else None
+
+
+#: Remove and return the calling thread's innermost torch function mode.
+pop_function_mode: Callable[[], Any] = torch._C._pop_torch_function_stack
+#: Put a mode back on the calling thread's torch function mode stack.
+push_function_mode: Callable[[Any], None] = torch._C._push_on_torch_function_stack

@@ -23,8 +23,10 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 from . import _torch_compat
+from . import _context
 from ._context import pin_memory_requested
 from ._pool import host_pool
+from ._rng import routing_suspended
 
 __all__ = ["Frame", "frame_collate"]
 
@@ -144,8 +146,10 @@ def _batch_buffer(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         # non-blocking copies completed: it is the pool for pinned memory.
         return torch.empty(shape, dtype=dtype, pin_memory=True)
     info = torch.utils.data.get_worker_info()
-    if info is not None and getattr(info, "worker_method", "process") != "thread":
-        # Worker *process*: build the batch in shared memory, as default_collate
+    if info is not None and (getattr(info, "worker_method", "process") != "thread"
+                             or _context.batches_cross_processes()):
+        # Worker *process* (DataLoader's, or a thread of a worker_processes
+        # child): build the batch in shared memory, as default_collate
         # does, so sending it to the main process copies nothing. Not pooled:
         # the main process keeps using it after this one lets go.
         nbytes = dtype.itemsize
@@ -168,6 +172,13 @@ def _scratch(shape: tuple[int, int, int, int]) -> torch.Tensor:
 
 
 def _collate_frames(batch: Any, *, collate_fn_map: Any = None, transform: Any = None) -> torch.Tensor:
+    # Draws no random numbers: skip the worker's RNG-routing mode, whose
+    # Python hook would otherwise run on each of the per-image torch calls.
+    with routing_suspended():
+        return _collate_frames_body(batch, transform)
+
+
+def _collate_frames_body(batch: Any, transform: Any) -> torch.Tensor:
     # The per-image loop is the serial part of a threaded loader (it holds the
     # GIL): no torch tensor is made per image except the resize's source, no
     # attribute lookups beyond the frame's state.
