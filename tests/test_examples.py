@@ -9,11 +9,14 @@ from types import ModuleType
 
 import pytest
 
+from helpers import require_torchvision
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
 def load(relative: str) -> ModuleType:
     path = EXAMPLES / relative
+    if "torchvision" in path.read_text():
+        require_torchvision()
     name = "example_" + path.stem
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec and spec.loader
