@@ -57,6 +57,9 @@ def test_image_pipeline_benchmark_smoke(tmp_path) -> None:
     import importlib.util
     from pathlib import Path
 
+    from helpers import require_torchvision
+
+    require_torchvision()
     path = Path(__file__).resolve().parents[1] / "examples" / "image_pipeline_benchmark.py"
     spec = importlib.util.spec_from_file_location("image_pipeline_benchmark", path)
     mod = importlib.util.module_from_spec(spec)

@@ -73,6 +73,11 @@ def system_cpu_seconds() -> tuple[float, float] | None:
     return busy / hz, time.perf_counter()
 
 
+def process_cpu_seconds() -> float:
+    """CPU time of this process, every thread (library thread pools included)."""
+    return time.process_time()
+
+
 def _caller_stacklevel() -> int:
     """``stacklevel`` that makes ``warnings`` name the user's line (the caller of ``next()``).
 
@@ -136,7 +141,7 @@ class LoaderStats:
 
     def _gil_sample(self) -> tuple[float, float, float, tuple[float, float] | None]:
         fetch = sum(c.fetch_s for c in self._counters)
-        return fetch, time.process_time(), self.wait_s, system_cpu_seconds()
+        return fetch, process_cpu_seconds(), self.wait_s, system_cpu_seconds()
 
     def _check_gil(self, now: float) -> None:
         """Warn once when the loader is the bottleneck and its busy workers share one core.

@@ -371,7 +371,6 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     done = False
     csv_rows: CsvRows | None = None
     try:
-        import_torchvision_or_fail()
         log.info(
             "threadloader bench: mode=%s python=%s torch=%s cpus=%s cuda=%s platform=%s argv=%s",
             s["mode"], platform.python_version(), torch.__version__, os.cpu_count(),
@@ -383,6 +382,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         if args.skip_bad_files:
             files, allowed = _skip_bad(files, not args.no_progress)
         _check_enough(root, len(files), s)
+        import_torchvision_or_fail()
         log.info("data root %s (%d images) ready in %.1f s; settings %s", root, len(files), time.perf_counter() - t0, s)
         loaders = [name for name in ALL_LOADERS if name != THREADS_IN_PROCESSES or supports_worker_processes()]
         if THREADS_IN_PROCESSES not in loaders:
@@ -428,6 +428,12 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         for path in written:
             print(f"  {path}")
         return rows
+    except BenchError as e:
+        log.error("%s", e)
+        raise
+    except KeyboardInterrupt:
+        log.error("interrupted (Ctrl-C)")
+        raise
     finally:
         if csv_rows is not None:
             csv_rows.close()
