@@ -332,8 +332,8 @@ def python_time_per_image(
     if not jpegs:
         return None
     ds = frame_dataset(root, size, is_valid_file=is_valid_file)
-    wanted = {str(f) for f in jpegs}
-    found = [i for i, (p, _) in enumerate(ds.samples) if p in wanted]
+    wanted = {os.path.abspath(f) for f in jpegs}
+    found = [i for i, (p, _) in enumerate(ds.samples) if os.path.abspath(p) in wanted]
     if not found:
         return None
     # Whole batches, cycling over the files when there are few; the first batch is not timed.

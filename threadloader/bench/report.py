@@ -217,6 +217,7 @@ def build_figure(rows: Sequence[dict[str, Any]], meta: dict[str, Any], title: st
     for ax, config in zip(axes, configs):
         mine = [r for r in rows if r["config"] == config and r["img/s"]]
         base = max((r["img/s"] for r in mine if r["loader"] == BASELINE), default=None)
+        labelled = 0
         for i, name in enumerate(loaders):
             pts = sorted((r["workers"], r["img/s"]) for r in mine if r["loader"] == name)
             if not pts:
@@ -225,14 +226,18 @@ def build_figure(rows: Sequence[dict[str, Any]], meta: dict[str, Any], title: st
                     linestyle=styles.get(name, "-"), label=name)
             if base and name not in (BASELINE, KERNEL_BOUND):
                 w, peak = max(pts, key=lambda p: p[1])
-                ax.annotate(f"x{peak / base:.2f}", (w, peak), textcoords="offset points", xytext=(0, 6),
-                            ha="center", fontsize=8, color=colors[i % len(colors)])
+                # Each loader's label at its own height above its peak, so that close peaks stay readable.
+                ax.annotate(f"x{peak / base:.2f}", (w, peak), textcoords="offset points", xytext=(0, 6 + 11 * labelled),
+                            ha="center", fontsize=8, color=colors[i % len(colors)],
+                            bbox=dict(boxstyle="square,pad=0.1", fc="white", ec="none", alpha=0.8))
+                labelled += 1
         ax.set_title(config, fontsize=10)
         ax.set_xlabel("workers (processes / threads)")
         if workers:
             ax.set_xticks(workers)
         ax.grid(True, alpha=0.3)
-        ax.set_ylim(bottom=0, top=max(ax.get_ylim()[1], 1.0) * 1.08)  # room for the labels above the peaks
+        ax.margins(x=0.1)  # labels at the first and last worker count stay inside
+        ax.set_ylim(bottom=0, top=max(ax.get_ylim()[1], 1.0) * 1.15)  # room for the labels above the peaks
     axes[0].set_ylabel("images / s")
     heading = title or "DataLoader vs ThreadDataLoader (xN: a loader's peak over DataLoader's peak)"
     width = int(fig.get_figwidth() * 13)  # characters per line at this font size
