@@ -32,7 +32,12 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def run(relative: str, cache_dir: Path, *extra: str) -> list[dict]:
-    rows = load(relative).main(["--smoke", "--cache-dir", str(cache_dir), *extra])
+    try:
+        rows = load(relative).main(["--smoke", "--cache-dir", str(cache_dir), *extra])
+    except ImportError as e:  # the bench's pipelines import torchvision when they build a loader
+        if "torchvision" not in str(e):
+            raise
+        pytest.skip(f"torchvision unavailable: {e}")
     assert rows, relative
     return rows
 
