@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import importlib
 import threading
 import time
+from types import ModuleType
 
+import pytest
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
@@ -100,3 +103,17 @@ def to_list(batches):
         return x
 
     return [conv(b) for b in batches]
+
+
+def require_torchvision(submodule: str = "") -> ModuleType:
+    """Import torchvision (or ``torchvision.<submodule>``), or skip the test or module that needs it.
+
+    torchvision is not a dependency of the library. It may be missing, or be
+    installed but fail to import beside this torch (a wheel built for another
+    torch version raises RuntimeError or OSError, not only ImportError).
+    """
+    name = "torchvision" + (f".{submodule}" if submodule else "")
+    try:
+        return importlib.import_module(name)
+    except Exception as e:  # noqa: BLE001 - any import failure means "not usable here"
+        pytest.skip(f"{name} unavailable: {type(e).__name__}: {e}", allow_module_level=True)

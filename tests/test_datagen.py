@@ -57,6 +57,9 @@ def test_image_pipeline_benchmark_smoke(tmp_path) -> None:
     import importlib.util
     from pathlib import Path
 
+    from helpers import require_torchvision
+
+    require_torchvision()
     path = Path(__file__).resolve().parents[1] / "examples" / "image_pipeline_benchmark.py"
     spec = importlib.util.spec_from_file_location("image_pipeline_benchmark", path)
     mod = importlib.util.module_from_spec(spec)
@@ -65,3 +68,11 @@ def test_image_pipeline_benchmark_smoke(tmp_path) -> None:
     keys = {r["key"] for r in rows}
     assert {"1", "2", "3", "4", "5", "3/1", "3/5"} <= keys
     assert all(r["img_per_s"] > 0 for r in rows)
+
+
+def test_generation_says_where_and_how_to_remove(tmp_path, capsys) -> None:
+    root = make_imagenet_like(tmp_path / "d", num_classes=1, images_per_class=2, size=(32, 48), progress=True)
+    err = capsys.readouterr().err
+    assert str(root) in err and f"rm -r {root}" in err and "THREADLOADER_CACHE" in err
+    make_imagenet_like(tmp_path / "d", num_classes=1, images_per_class=2, size=(32, 48), progress=True)
+    assert capsys.readouterr().err == ""  # cached: nothing generated, nothing said

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import simplejpeg
 import torch
-import torchvision.transforms as T
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from PIL import Image
 
+from helpers import require_torchvision
 from threadloader import Frame, frame_collate
 from threadloader.datagen import photo_like_image
 from threadloader import _turbojpeg
@@ -28,6 +28,8 @@ from threadloader.io import (
     load_npz,
     random_resized_crop_params,
 )
+
+T = require_torchvision("transforms")  # the reference for resize and crops; skips this module without it
 
 
 def smooth_image(h: int, w: int, seed: int = 0) -> np.ndarray:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 import warnings
 
 import pytest
 from torch.utils.data import Dataset
 
-from threadloader import ThreadDataLoader
+from threadloader import ThreadDataLoader, stats
 from threadloader.stats import GIL_CHECK_INTERVAL_S
 
 from helpers import Slow
@@ -41,17 +42,78 @@ def run_for(loader, seconds: float) -> list:
     return out
 
 
-@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="the GIL check needs 2 cores to compare with")
-def test_warns_once_when_workers_are_gil_bound():
+def one_core():
+    """This process's CPU time as threads taking turns on the GIL use it: one core's worth.
+
+    Faked so that the verdict does not depend on how loaded the test machine is.
+    """
+    return time.perf_counter()
+
+
+def only_this_process_busy():
+    """A machine where nothing but this process (one core) uses CPU: the other cores idle."""
+    return one_core(), time.perf_counter()
+
+
+def every_core_busy():
+    """A machine whose every core is taken (by other processes too)."""
+    return time.perf_counter() * (os.cpu_count() or 1), time.perf_counter()
+
+
+needs_two_cores = pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="the GIL check needs 2 cores to compare with")
+
+
+def gil_warnings(monkeypatch, machine, seconds: float = 3 * GIL_CHECK_INTERVAL_S + 0.5) -> list:
+    monkeypatch.setattr(stats, "system_cpu_seconds", machine)
+    monkeypatch.setattr(stats, "process_cpu_seconds", one_core)
     loader = ThreadDataLoader(PythonLoop(100_000), batch_size=4, num_workers=2)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        run_for(loader, 3 * GIL_CHECK_INTERVAL_S + 0.5)
-    gil = [w for w in caught if "holds the GIL" in str(w.message)]
-    assert len(gil) == 1, [str(w.message) for w in caught]
+        run_for(loader, seconds)
+    return [w for w in caught if "holds the GIL" in str(w.message)]
+
+
+@needs_two_cores
+def test_warns_once_when_workers_are_gil_bound(monkeypatch):
+    gil = gil_warnings(monkeypatch, only_this_process_busy)
+    assert len(gil) == 1, gil
     assert issubclass(gil[0].category, RuntimeWarning)
-    assert "Release the GIL" in str(gil[0].message)
-    assert loader.stats().gil_warned
+    message = str(gil[0].message)
+    assert "Release the GIL" in message and "worker_processes=P" in message
+    assert "cores stood idle" in message
+    # Attributed to the user's line (the loop calling next()), not to threadloader or torch.
+    assert gil[0].filename == __file__, gil[0].filename
+
+
+@needs_two_cores
+def test_warns_without_machine_wide_figures(monkeypatch):
+    # Where the machine's CPU use cannot be read, the process's figures decide alone.
+    gil = gil_warnings(monkeypatch, lambda: None)
+    assert len(gil) == 1 and "cores stood idle" not in str(gil[0].message)
+
+
+@needs_two_cores
+def test_no_gil_warning_when_the_machine_has_no_free_core(monkeypatch):
+    # The same busy threads and one core of CPU, but other work holds the other cores:
+    # the threads wait for a core, and the dataset is not to blame.
+    assert gil_warnings(monkeypatch, every_core_busy) == []
+
+
+@needs_two_cores
+def test_no_gil_warning_when_the_gil_is_disabled(monkeypatch):
+    monkeypatch.setattr(sys, "_is_gil_enabled", lambda: False, raising=False)
+    assert gil_warnings(monkeypatch, only_this_process_busy) == []
+
+
+def test_system_cpu_seconds_grows_with_work():
+    first = stats.system_cpu_seconds()
+    if first is None:
+        pytest.skip("no machine-wide CPU figures on this platform")
+    deadline = time.perf_counter() + 0.2
+    while time.perf_counter() < deadline:
+        pass
+    second = stats.system_cpu_seconds()
+    assert second[1] > first[1] and second[0] > first[0]
 
 
 def test_no_gil_warning_when_workers_wait_on_io():

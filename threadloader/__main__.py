@@ -16,7 +16,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv: arguments without the program name (default ``sys.argv[1:]``).
 
     Returns:
-        The process exit code.
+        The process exit code (argparse exits with 2 on a bad flag).
     """
     from threadloader import bench
 
@@ -35,8 +35,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    bench.run(args)
-    return 0
+    status, _ = bench.run_cli(args)
+    return status
 
 
 if __name__ == "__main__":

@@ -12,8 +12,11 @@ Everything is vectorised in torch/NumPy; encoding goes through simplejpeg.
 from __future__ import annotations
 
 import json
+import shlex
 import os
+import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -100,6 +103,7 @@ def make_imagenet_like(
     size: tuple[int, int] = (375, 500),
     quality: int = 90,
     grain: float = 3.0,
+    progress: bool = False,
 ) -> Path:
     """Generate (once) an ImageFolder tree ``root/<class>/<i>.JPEG`` of photo-like JPEGs.
 
@@ -117,6 +121,8 @@ def make_imagenet_like(
         size: typical ``(height, width)``; ImageNet's most common is 375x500.
         quality: JPEG quality (4:2:0 subsampling).
         grain: per-pixel grain (levels); tunes file size.
+        progress: when generating, say on stderr where the data goes and how
+            to remove it, and show a progress bar (tqdm, when installed).
 
     Returns:
         ``Path(root)``, ready for ``torchvision.datasets.ImageFolder``.
@@ -136,6 +142,15 @@ def make_imagenet_like(
         pass
     root.mkdir(parents=True, exist_ok=True)
     marker.unlink(missing_ok=True)
+    total = num_classes * images_per_class
+    if progress:
+        mb = total * 0.11 * (size[0] * size[1]) / (375 * 500)
+        print(
+            f"generating {total} ImageNet-like JPEGs (about {mb:.0f} MB, once) in {root}\n"
+            f"  to free the space later: rm -r {shlex.quote(str(root))}  (set THREADLOADER_CACHE to keep them elsewhere)",
+            file=sys.stderr, flush=True,
+        )
+    bar = _bar(total if progress else 0)
     for stale in root.glob("class_*"):
         # Class directories of an earlier, larger tree would become classes.
         if stale.is_dir() and not (stale.name[6:].isdigit() and int(stale.name[6:]) < num_classes):
@@ -157,5 +172,23 @@ def make_imagenet_like(
             pixels = photo_like_image(h, w, rng, grain=grain)
             data = simplejpeg.encode_jpeg(pixels, quality=quality, colorspace="RGB", colorsubsampling="420")
             _write_atomic(cdir / f"{i}.JPEG", data)
+            bar.update(1)
+    bar.close()
     _write_atomic(marker, json.dumps(params).encode())
     return root
+
+
+class _NoBar:
+    def update(self, n: int = 1) -> None: ...
+    def close(self) -> None: ...
+
+
+def _bar(total: int) -> Any:
+    """A tqdm bar on stderr for ``total`` images (nothing when 0 or tqdm is missing)."""
+    if not total:
+        return _NoBar()
+    try:
+        from tqdm import tqdm
+    except ImportError:  # tqdm is an optional extra
+        return _NoBar()
+    return tqdm(total=total, desc="generating", unit="img", file=sys.stderr, dynamic_ncols=True, leave=False)

@@ -9,6 +9,7 @@ report needs; no lock is taken on the hot path.
 from __future__ import annotations
 
 import os
+import sys
 import time
 import warnings
 from dataclasses import dataclass
@@ -17,14 +18,81 @@ from typing import Any
 #: Seconds between checks of whether the workers are GIL-bound.
 GIL_CHECK_INTERVAL_S = 1.0
 
+#: Idle cores (machine-wide, averaged over a window) below which the machine
+#: counts as full: busy threads then wait for a core, not for the GIL.
+FREE_CORE_THRESHOLD = 0.5
+
 GIL_WARNING = (
     "ThreadDataLoader: the {workers} worker threads were busy {util:.0%} of the last {window:.1f}s but used only "
-    "{cores:.2f} CPU cores together while the training loop waited for data: the dataset's Python code most "
-    "likely holds the GIL, so these threads take turns "
+    "{cores:.2f} CPU cores together while the training loop waited for data{free}: the dataset's Python code "
+    "most likely holds the GIL, so these threads take turns "
     "instead of running in parallel and more workers will not load faster. Release the GIL in the expensive "
     "step: do it in a library call that releases it (NumPy/torch operations, Pillow or "
-    "threadloader.io.decode_image for images, zlib, file reads) instead of a Python loop."
+    "threadloader.io.decode_image for images, zlib, file reads) instead of a Python loop, or spread the "
+    "threads over worker processes with ThreadDataLoader(..., worker_processes=P)."
 )
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_TORCH_DATA_DIR = os.sep + os.path.join("torch", "utils", "data") + os.sep
+
+
+def gil_enabled() -> bool:
+    """False only on a free-threaded Python running with the GIL disabled."""
+    is_enabled = getattr(sys, "_is_gil_enabled", None)
+    return True if is_enabled is None else bool(is_enabled())
+
+
+def system_cpu_seconds() -> tuple[float, float] | None:
+    """Machine-wide CPU time: ``(busy seconds summed over cores, wall-clock reference)``.
+
+    ``busy`` counts every process's CPU use (user, system, interrupts, steal),
+    not idle or I/O wait. Read from psutil when installed, else Linux's
+    ``/proc/stat``; None where neither is available (the caller then cannot
+    tell a full machine from a GIL-bound process, and assumes a free core).
+    """
+    try:
+        import psutil
+    except ImportError:
+        psutil = None
+    if psutil is not None:
+        try:
+            t = psutil.cpu_times()
+            idle = t.idle + getattr(t, "iowait", 0.0)
+            total = sum(t)  # guest time is already inside user time on Linux; counted twice is harmless here
+            return total - idle - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0), time.perf_counter()
+        except Exception:  # noqa: BLE001 - any platform oddity: fall through to /proc/stat
+            pass
+    try:
+        with open("/proc/stat", "rb") as f:
+            fields = f.readline().split()
+        ticks = [int(v) for v in fields[1:9]]  # user nice system idle iowait irq softirq steal
+        hz = os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+    busy = sum(ticks) - ticks[3] - ticks[4]
+    return busy / hz, time.perf_counter()
+
+
+def process_cpu_seconds() -> float:
+    """CPU time of this process, every thread (library thread pools included)."""
+    return time.process_time()
+
+
+def _caller_stacklevel() -> int:
+    """``stacklevel`` that makes ``warnings`` name the user's line (the caller of ``next()``).
+
+    Counted from the function calling this one, skipping threadloader's own
+    frames and torch's data-loading frames between it and the user's code.
+    """
+    frame = sys._getframe(2)  # the caller of the function that warns
+    level = 2
+    while frame is not None:
+        name = os.path.abspath(frame.f_code.co_filename)
+        if not (name.startswith(_PACKAGE_DIR) or _TORCH_DATA_DIR in name):
+            return level
+        frame = frame.f_back
+        level += 1
+    return 1
 
 
 @dataclass
@@ -71,9 +139,9 @@ class LoaderStats:
             if now - self._gil_mark[0] >= GIL_CHECK_INTERVAL_S:
                 self._check_gil(now)
 
-    def _gil_sample(self) -> tuple[float, float, float]:
+    def _gil_sample(self) -> tuple[float, float, float, tuple[float, float] | None]:
         fetch = sum(c.fetch_s for c in self._counters)
-        return fetch, time.process_time(), self.wait_s
+        return fetch, process_cpu_seconds(), self.wait_s, system_cpu_seconds()
 
     def _check_gil(self, now: float) -> None:
         """Warn once when the loader is the bottleneck and its busy workers share one core.
@@ -83,25 +151,39 @@ class LoaderStats:
         (waiting for the GIL counts as busy). I/O-bound workers use little CPU,
         and code that releases the GIL -- or hands work to a library's own
         thread pool -- uses more than one core, so neither matches. The
-        process's CPU time is used, so pools' threads count. Nothing is said
-        while the training loop rarely waits for data.
+        process's CPU time is used, so pools' threads count. A machine whose
+        cores are all taken (by other processes too) looks the same from
+        inside the process: busy threads, one core's worth of CPU. So the
+        machine-wide CPU use is read beside the process's, and the dataset is
+        blamed only when at least :data:`FREE_CORE_THRESHOLD` of a core stood
+        idle. Nothing is said while the training loop rarely waits for data,
+        nor on a free-threaded Python running without the GIL.
         """
-        then, (fetch0, cpu0, wait0) = self._gil_mark
-        fetch1, cpu1, wait1 = sample = self._gil_sample()
+        then, (fetch0, cpu0, wait0, sys0) = self._gil_mark
+        fetch1, cpu1, wait1, sys1 = sample = self._gil_sample()
         self._gil_mark = (now, sample)
         window = now - then
-        if self.gil_warned or self._num_workers < 2 or self._cores < 2 or window <= 0:
+        if self.gil_warned or self._num_workers < 2 or self._cores < 2 or window <= 0 or not gil_enabled():
             return
         util = (fetch1 - fetch0) / (window * self._num_workers)
         cores = (cpu1 - cpu0) / window
         waiting = (wait1 - wait0) / window
-        if util >= 0.6 and waiting >= 0.25 and 0.5 <= cores <= 1.15:
-            self.gil_warned = True
-            warnings.warn(
-                GIL_WARNING.format(workers=self._num_workers, util=min(util, 1.0), window=window, cores=cores),
-                RuntimeWarning,
-                stacklevel=4,
-            )
+        if not (util >= 0.6 and waiting >= 0.25 and 0.5 <= cores <= 1.15):
+            return
+        free_text = ""
+        if sys0 is not None and sys1 is not None and sys1[1] > sys0[1]:
+            free = self._cores - (sys1[0] - sys0[0]) / (sys1[1] - sys0[1])
+            if free < FREE_CORE_THRESHOLD:
+                return  # the machine is full: the threads wait for a core, not for the GIL
+            free_text = f" and {free:.1f} of the machine's {self._cores} cores stood idle"
+        self.gil_warned = True
+        warnings.warn(
+            GIL_WARNING.format(
+                workers=self._num_workers, util=min(util, 1.0), window=window, cores=cores, free=free_text
+            ),
+            RuntimeWarning,
+            stacklevel=_caller_stacklevel(),
+        )
 
     def waited(self, seconds: float) -> None:
         self.wait_s += seconds

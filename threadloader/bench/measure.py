@@ -1,0 +1,408 @@
+"""Timing: loaders over worker counts, the frame kernel's single-thread rate, Python time per image."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from threadloader.bench.pipelines import BASELINE, CONFIGS, KERNEL_BOUND, LOADERS, build_loader
+
+__all__ = [
+    "Measurement",
+    "compare_loaders",
+    "count_images",
+    "kernel_bound_rows",
+    "kernel_rate",
+    "make_row",
+    "measure",
+    "python_time_per_image",
+    "run_comparison",
+]
+
+log = logging.getLogger("threadloader.bench")
+
+
+@dataclasses.dataclass
+class Measurement:
+    """Result of :func:`measure`.
+
+    ``images`` and ``seconds`` cover the timed part only (after warm-up);
+    ``timed_items`` is how many items (samples or batches) it held and
+    ``complete`` whether that reached the minimum asked for: a run whose timed
+    part is shorter than that has no rate.
+    """
+
+    images: int
+    seconds: float
+    first_batch_s: float
+    timed_items: int = 0
+    complete: bool = True
+
+    @property
+    def img_per_s(self) -> float:
+        if not self.complete or self.seconds <= 0:
+            return float("nan")
+        return self.images / self.seconds
+
+
+def count_images(item: Any) -> int:
+    """Images in one loader item: ``N`` of a 4-D tensor (first element of a tuple/list/dict), else 1."""
+    if isinstance(item, (tuple, list)) and item:
+        item = item[0]
+    elif isinstance(item, dict) and item:
+        item = next(iter(item.values()))
+    if isinstance(item, torch.Tensor) and item.dim() == 4:
+        return int(item.shape[0])
+    return 1
+
+
+def _sync() -> None:
+    # Asynchronous device work belongs to the batch: wait for it before the clock stops.
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+def measure(
+    loader: Iterable[Any],
+    *,
+    max_items: int | None = None,
+    warmup: int = 1,
+    min_timed: int = 1,
+    counter: Callable[[Any], int] = count_images,
+) -> Measurement:
+    """Iterate ``loader`` and time it after ``warmup`` items.
+
+    Args:
+        loader: any iterable of samples or batches.
+        max_items: stop after this many items, warm-up included (None: one epoch).
+        warmup: items at the start that are not timed (start-up cost).
+        min_timed: fewest timed items for a rate (one batch); fewer gives
+            ``complete=False`` and no rate.
+        counter: images per item.
+
+    Returns:
+        A :class:`Measurement`.
+    """
+    start = time.perf_counter()
+    first = None
+    warm_start = start if warmup <= 0 else None
+    warm_images = items = 0
+    it = iter(loader)
+    try:
+        for item in it:
+            items += 1
+            n = counter(item)
+            if first is None:
+                _sync()
+                first = time.perf_counter() - start
+            if items == warmup:
+                _sync()
+                warm_start = time.perf_counter()
+            elif items > warmup:
+                warm_images += n
+            if max_items is not None and items >= max_items:
+                break
+        _sync()
+        end = time.perf_counter()
+    finally:
+        # Ends the epoch now (joins threads / stops processes) rather than at GC.
+        close = getattr(it, "close", None) or getattr(it, "_shutdown_workers", None)
+        del it
+        if close is not None:
+            close()
+    timed = max(items - max(warmup, 0), 0)
+    seconds = end - warm_start if warm_start is not None else 0.0
+    return Measurement(warm_images, seconds, first or 0.0, timed, timed >= max(min_timed, 1))
+
+
+def make_row(
+    config: str, workers: int, loader: str, m: Measurement | None, *, note: str = "",
+    baseline: float | None = None, img_per_s: float | None = None,
+) -> dict[str, Any]:
+    """One result row (the keys of ``report.COLUMNS``).
+
+    ``img/s`` is None when the measurement is incomplete or missing (never a
+    made-up rate); ``ratio`` is ``img/s / baseline`` when both are known.
+    """
+    rate = img_per_s if img_per_s is not None else (m.img_per_s if m is not None else float("nan"))
+    rate_or_none = None if rate != rate else round(rate, 1)  # NaN: no rate
+    if m is not None and not m.complete and not note:
+        note = f"too short: {m.timed_items} items timed after warm-up, under one batch"
+    return {
+        "config": config,
+        "workers": workers,
+        "loader": loader,
+        "img/s": rate_or_none,
+        "first_batch_s": round(m.first_batch_s, 3) if m is not None and m.first_batch_s else None,
+        "images": m.images if m is not None else None,
+        "ratio": round(rate_or_none / baseline, 2) if rate_or_none and baseline else None,
+        "note": note,
+    }
+
+
+def run_comparison(
+    root: str | os.PathLike[str],
+    *,
+    configs: Sequence[str],
+    workers: Sequence[int],
+    batch_size: int = 32,
+    max_batches: int = 20,
+    warmup_batches: int = 1,
+    size: int | tuple[int, int] = 224,
+    device: str = "cuda",
+    loaders: Sequence[str] = LOADERS,
+    progress: bool = True,
+    worker_processes: int | None = None,
+    is_valid_file: Callable[[str], bool] | None = None,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
+    on_error: Callable[[BaseException, str, int, str], str] | None = None,
+) -> list[dict[str, Any]]:
+    """Measure every (config, workers, loader) cell, baseline first in each group.
+
+    Args:
+        root: ImageFolder-style root.
+        configs: keys of ``CONFIGS`` (``gpu`` is dropped without CUDA).
+        workers: worker counts.
+        batch_size: images per batch.
+        max_batches: timed-run length in batches (per-sample configs use
+            ``max_batches * batch_size`` samples).
+        warmup_batches: batches (or ``batch_size`` samples) not timed.
+        size: output image size.
+        device: the GPU device for the ``gpu`` config.
+        loaders: which loaders to run (``pipelines.ALL_LOADERS`` for all).
+        progress: show a tqdm bar on stderr.
+        worker_processes: P for the threads-in-processes loader.
+        is_valid_file: ImageFolder's file filter.
+        on_row: called with each row as soon as it is measured (e.g. to
+            append it to a CSV, so that an interruption keeps it).
+        on_error: ``f(exc, config, workers, loader)`` for a cell that raised:
+            returns the note of a row without a rate, or raises to stop the
+            run. Without it the exception propagates.
+
+    Returns:
+        One row per cell (see :func:`make_row`); ``ratio`` is img/s over the
+        ``DataLoader`` row of the same config and workers.
+    """
+    from threadloader.bench.report import progress_bar
+
+    configs = [c for c in configs if c != "gpu" or torch.cuda.is_available()]
+    order = sorted(loaders, key=lambda name: name != BASELINE)  # the ratio's denominator first
+    cells = [(c, w, name) for c in configs for w in workers for name in order]
+    rows: list[dict[str, Any]] = []
+    with progress_bar(len(cells), progress, desc="measuring", unit="run") as bar:
+        baseline: dict[tuple[str, int], float | None] = {}
+        for config, w, name in cells:
+            bar.set_description(f"{CONFIGS[config]} w={w} {name}")
+            per = 1 if config != "resize" else batch_size
+            try:
+                loader = build_loader(
+                    name, config, root, workers=w, batch_size=batch_size, size=size, device=device,
+                    worker_processes=worker_processes, is_valid_file=is_valid_file,
+                )
+                m = measure(
+                    loader, max_items=(max_batches + warmup_batches) * per, warmup=warmup_batches * per,
+                    min_timed=per,
+                )
+                row = make_row(CONFIGS[config], w, name, m, baseline=baseline.get((config, w)))
+            except Exception as exc:  # noqa: BLE001 - handed to on_error, which decides
+                if on_error is None:
+                    raise
+                row = make_row(CONFIGS[config], w, name, None, note=on_error(exc, config, w, name))
+            if name == BASELINE:
+                baseline[(config, w)] = row["img/s"]
+            log.info("measured %s", row)
+            rows.append(row)
+            if on_row is not None:
+                on_row(row)
+            bar.set_postfix_str(f"{row['img/s']:.0f} img/s" if row["img/s"] else "no rate")
+            bar.update(1)
+    return rows
+
+
+def kernel_rate(
+    files: Sequence[Path], fn: Callable[[Path], Any], *, images: int = 64, max_seconds: float = 3.0
+) -> tuple[float, int]:
+    """Single-thread images per second of ``fn`` over ``files`` (cycled), torch on one thread.
+
+    Stops after ``images`` images or ``max_seconds`` (at least one image).
+
+    Returns:
+        ``(img/s, images timed)``.
+    """
+    prev = torch.get_num_threads()
+    torch.set_num_threads(1)  # the rate of one worker, which must not borrow the others' cores
+    try:
+        fn(files[0])  # first-call costs (imports, allocator) are not the kernel's
+        n, start = 0, time.perf_counter()
+        while n < images and (n == 0 or time.perf_counter() - start < max_seconds):
+            fn(files[n % len(files)])
+            n += 1
+        return n / (time.perf_counter() - start), n
+    finally:
+        torch.set_num_threads(prev)
+
+
+def kernel_bound_rows(
+    configs: Sequence[str], workers: Sequence[int], rate: float, images: int, cores: int | None = None,
+    baselines: dict[tuple[str, int], float | None] | None = None,
+) -> list[dict[str, Any]]:
+    """The kernel bound per (config, workers): single-thread kernel rate x min(workers, cores).
+
+    An estimate (assumes perfect scaling over free cores), not a measurement of
+    concurrent work; the ``note`` column says so.
+    """
+    cores = cores or os.cpu_count() or 1
+    rows = []
+    for config in configs:
+        for w in workers:
+            k = min(w, cores)
+            row = make_row(
+                CONFIGS[config], w, KERNEL_BOUND, None, img_per_s=rate * k,
+                baseline=(baselines or {}).get((CONFIGS[config], w)),
+                note=f"estimate: 1-thread decode_image rate {rate:.1f} img/s x {k}",
+            )
+            row["images"] = images
+            rows.append(row)
+    return rows
+
+
+def _native_frame_calls(
+    datas: Sequence[bytes], size: tuple[int, int], batch_size: int
+) -> float:
+    """Seconds per image of the frame path's native calls alone, timed directly.
+
+    simplejpeg header + decode (at the DCT scale ``decode_image`` picks by
+    default), torch's uint8 antialiased resize into a reused buffer, the copy
+    into a batch slot. The loop around them is as thin as Python allows.
+    """
+    import simplejpeg
+
+    from threadloader._torch_compat import resize_uint8_channels_last
+
+    h, w = size
+    tmp = torch.empty((1, h, w, 3), dtype=torch.uint8)
+    batch = torch.empty((batch_size, h, w, 3), dtype=torch.uint8)
+    start = time.perf_counter()
+    for i, data in enumerate(datas):
+        height, width = simplejpeg.decode_jpeg_header(data)[:2]
+        kwargs = {}
+        for factor in (8, 4, 2):  # decode_image's default reducing_gap of 2
+            if height >= h * factor * 2 and width >= w * factor * 2:
+                kwargs = dict(min_height=-(-height // factor), min_width=-(-width // factor))
+                break
+        arr = simplejpeg.decode_jpeg(data, colorspace="RGB", strict=True, **kwargs)
+        resize_uint8_channels_last(torch.from_numpy(arr).unsqueeze(0), size, tmp)
+        batch[i % batch_size].copy_(tmp[0])
+    return (time.perf_counter() - start) / max(len(datas), 1)
+
+
+def python_time_per_image(
+    root: str | os.PathLike[str],
+    files: Sequence[Path],
+    *,
+    size: int,
+    batch_size: int,
+    images: int = 128,
+    is_valid_file: Callable[[str], bool] | None = None,
+) -> dict[str, float] | None:
+    """Single-thread time per image of the frame path minus that of its native calls alone.
+
+    The frame path: ImageFolder + ``decode_image(size)`` + ``frame_collate``
+    through ThreadDataLoader with one worker thread, torch on one thread. The
+    native calls: see :func:`_native_frame_calls`, timed on the same JPEGs
+    (read from memory). The difference is the Python around them (ImageFolder,
+    decode_image's checks, the engine, collate) plus the file reads.
+
+    Returns:
+        ``path_us``, ``native_us``, ``python_us`` (per image) and ``images``,
+        or None when ``files`` holds no JPEG.
+    """
+    from threadloader import ThreadDataLoader
+    from threadloader.bench.pipelines import frame_dataset
+    from threadloader.frames import frame_collate
+
+    jpegs = [f for f in files if f.suffix.lower() in (".jpg", ".jpeg")][:images]
+    if not jpegs:
+        return None
+    ds = frame_dataset(root, size, is_valid_file=is_valid_file)
+    wanted = {os.path.abspath(f) for f in jpegs}
+    found = [i for i, (p, _) in enumerate(ds.samples) if os.path.abspath(p) in wanted]
+    if not found:
+        return None
+    # Whole batches, cycling over the files when there are few; the first batch is not timed.
+    n = max(images // batch_size, 1) * batch_size
+    indices = [found[k % len(found)] for k in range(n + batch_size)]
+    prev = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        loader = ThreadDataLoader(ds, batch_size=batch_size, sampler=indices, num_workers=1, collate_fn=frame_collate)
+        it = iter(loader)
+        next(it)  # thread start-up and first-call costs are not per image
+        start = time.perf_counter()
+        for _ in it:
+            pass
+        path_s = (time.perf_counter() - start) / n
+        del it
+        datas = [Path(ds.samples[i][0]).read_bytes() for i in indices[batch_size:]]
+        _native_frame_calls(datas[:batch_size], (size, size), batch_size)  # warm-up
+        native_s = _native_frame_calls(datas, (size, size), batch_size)
+    finally:
+        torch.set_num_threads(prev)
+    return {
+        "path_us": path_s * 1e6,
+        "native_us": native_s * 1e6,
+        "python_us": (path_s - native_s) * 1e6,
+        "images": float(n),
+    }
+
+
+def compare_loaders(
+    factories: dict[str, Callable[[int], Iterable[Any]]],
+    workers: Sequence[int],
+    *,
+    max_items: int | None,
+    warmup: int = 1,
+    config: str = "",
+    progress: bool = False,
+    baseline: str = "DataLoader",
+) -> list[dict[str, Any]]:
+    """Measure named loaders over worker counts (what the examples print).
+
+    Args:
+        factories: name -> ``f(workers)`` building a fresh iterable.
+        workers: worker counts.
+        max_items: items (samples or batches) per timed run, warmup included.
+        warmup: items not timed.
+        config: label for the ``config`` column.
+        progress: show a tqdm bar on stderr.
+        baseline: the name whose img/s is the denominator of ``ratio``.
+
+    Returns:
+        Rows with the keys of ``report.COLUMNS``.
+    """
+    from threadloader.bench.report import progress_bar
+
+    rows: list[dict[str, Any]] = []
+    names = sorted(factories, key=lambda name: name != baseline)
+    with progress_bar(len(factories) * len(workers), progress, desc=config, unit="run") as bar:
+        for w in workers:
+            base = None
+            for name in names:
+                bar.set_description(f"{config} w={w} {name}")
+                m = measure(factories[name](w), max_items=max_items, warmup=warmup)
+                rows.append(make_row(config, w, name, m, baseline=base))
+                if name == baseline:
+                    base = rows[-1]["img/s"]
+                log.info("measured %s", rows[-1])
+                bar.update(1)
+    # Keep the caller's loader order within each worker count.
+    order = {name: i for i, name in enumerate(factories)}
+    rows.sort(key=lambda r: (workers.index(r["workers"]), order[r["loader"]]))
+    return rows

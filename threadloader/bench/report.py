@@ -1,0 +1,266 @@
+"""Output of the bench: progress bars, the printed table, CSV written row by row, the plot, run metadata."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import datetime
+import os
+import platform
+import sys
+import textwrap
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from threadloader.bench.pipelines import BASELINE, KERNEL_BOUND
+
+__all__ = [
+    "COLUMNS",
+    "CsvRows",
+    "build_figure",
+    "format_python_time",
+    "format_table",
+    "progress_bar",
+    "run_metadata",
+    "summarize",
+    "write_csv",
+    "write_plot",
+]
+
+COLUMNS = ("config", "workers", "loader", "img/s", "first_batch_s", "images", "ratio", "note")
+
+#: Fixed precision per column in printed tables (other floats: 2 decimals).
+_FORMATS = {"img/s": "{:.1f}", "first_batch_s": "{:.3f}", "ratio": "{:.2f}", "peak img/s": "{:.1f}",
+            "vs DataLoader": "{:.2f}", "of kernel bound": "{:.2f}"}
+
+
+class _NoBar:
+    def set_description(self, *_: Any) -> None: ...
+    def set_postfix_str(self, *_: Any) -> None: ...
+    def update(self, *_: Any) -> None: ...
+    def close(self) -> None: ...
+
+
+@contextlib.contextmanager
+def progress_bar(total: int, enabled: bool, **kwargs: Any) -> Iterator[Any]:
+    """A tqdm bar on stderr (a no-op object when disabled or tqdm is missing); closed on exit."""
+    bar: Any = _NoBar()
+    if enabled and total:
+        try:
+            from tqdm import tqdm
+
+            bar = tqdm(total=total, file=sys.stderr, dynamic_ncols=True, leave=False, **kwargs)
+        except ImportError:  # tqdm is an optional extra
+            pass
+    try:
+        yield bar
+    finally:
+        bar.close()
+
+
+def _cell(column: str, value: Any) -> str:
+    if value is None or value == "":
+        return "-"
+    if isinstance(value, float):
+        return _FORMATS.get(column, "{:.2f}").format(value)
+    return str(value)
+
+
+def _numeric(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None) -> str:
+    """Render rows as an aligned text table: numbers right-aligned at a fixed precision, None as ``-``."""
+    if not rows:
+        return "(no rows)"
+    columns = list(columns or rows[0].keys())
+    body = [[_cell(c, r.get(c)) for c in columns] for r in rows]
+    numeric = [any(_numeric(r.get(c)) for r in rows) for c in columns]
+    widths = [max(len(c), *(len(b[i]) for b in body)) for i, c in enumerate(columns)]
+
+    def line(cells: Sequence[str]) -> str:
+        out = [v.rjust(w) if num else v.ljust(w) for v, w, num in zip(cells, widths, numeric)]
+        return "  ".join(out).rstrip()
+
+    return "\n".join([line(columns), "  ".join("-" * w for w in widths), *(line(b) for b in body)])
+
+
+def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per config and loader: the peak img/s, where it was reached, and its ratio to DataLoader's
+    peak and to the kernel bound at the same worker count."""
+    out = []
+    for config in dict.fromkeys(r["config"] for r in rows):
+        mine = [r for r in rows if r["config"] == config and r["img/s"]]
+        peaks: dict[str, dict[str, Any]] = {}
+        for r in mine:
+            if r["loader"] not in peaks or r["img/s"] > peaks[r["loader"]]["img/s"]:
+                peaks[r["loader"]] = r
+        base = peaks.get(BASELINE)
+        bound = {r["workers"]: r["img/s"] for r in mine if r["loader"] == KERNEL_BOUND}
+        for name, peak in peaks.items():
+            if name == KERNEL_BOUND:
+                continue
+            b = bound.get(peak["workers"])
+            out.append({
+                "config": config,
+                "loader": name,
+                "peak img/s": peak["img/s"],
+                "at workers": peak["workers"],
+                "vs DataLoader": round(peak["img/s"] / base["img/s"], 2) if base else None,
+                "of kernel bound": round(peak["img/s"] / b, 2) if b else None,
+            })
+    return out
+
+
+class CsvRows:
+    """A CSV file that receives rows as they are measured (flushed each time), so an
+    interrupted run keeps every finished row."""
+
+    def __init__(self, path: str | os.PathLike[str], columns: Sequence[str] = COLUMNS) -> None:
+        self.path = Path(path)
+        self._file = self.path.open("w", newline="")
+        self._writer = csv.DictWriter(self._file, fieldnames=list(columns), extrasaction="ignore")
+        self._writer.writeheader()
+        self._file.flush()
+        self.count = 0
+
+    def __call__(self, row: dict[str, Any]) -> None:
+        self._writer.writerow(row)
+        self._file.flush()
+        self.count += 1
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def write_csv(rows: Sequence[dict[str, Any]], path: str | os.PathLike[str]) -> Path:
+    """Write rows as CSV (the columns of the first row, or :data:`COLUMNS`); returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    writer = CsvRows(path, list(rows[0].keys()) if rows else COLUMNS)
+    try:
+        for r in rows:
+            writer(r)
+    finally:
+        writer.close()
+    return path
+
+
+def run_metadata(*, batch_size: int, size: int, device: str = "cpu") -> dict[str, Any]:
+    """What a reader needs to judge a figure: batch, image size, cores, device, versions, date."""
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {
+        "batch_size": batch_size,
+        "size": size,
+        "cores": os.cpu_count() or 1,
+        "device": gpu or "no GPU",
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "date": datetime.date.today().isoformat(),
+        "platform": platform.platform(),
+    }
+
+
+def _footer(meta: dict[str, Any]) -> str:
+    return (
+        f"batch {meta['batch_size']}, {meta['size']}x{meta['size']} images, {meta['cores']} cores, "
+        f"{meta['device']}, Python {meta['python']}, torch {meta['torch']}, {meta['date']}"
+    )
+
+
+def _pack(items: Sequence[str], width: int) -> list[str]:
+    """Join items with ", " into lines of at most ``width`` characters, never splitting an item."""
+    lines: list[str] = []
+    for item in items:
+        if lines and len(lines[-1]) + 2 + len(item) <= width:
+            lines[-1] += ", " + item
+        else:
+            lines.append(item)
+    return lines
+
+
+def format_python_time(pt: dict[str, float] | None) -> str:
+    """One line on the frame path's Python time per image (from ``measure.python_time_per_image``)."""
+    if pt is None:
+        return "Python time per image: not measured (no JPEG in the data)"
+    return (
+        f"Python time per image (frame path, 1 thread, {pt['images']:.0f} images): "
+        f"{pt['path_us']:.1f} us through ThreadDataLoader - {pt['native_us']:.1f} us of native calls "
+        f"(simplejpeg decode + torch resize + copy) = {pt['python_us']:.1f} us"
+    )
+
+
+def build_figure(rows: Sequence[dict[str, Any]], meta: dict[str, Any], title: str | None = None) -> Any:
+    """The throughput figure: one panel per config, img/s against workers, one line per loader.
+
+    The y axes start at 0; each loader's peak carries its speed-up over
+    DataLoader's peak (``x2.50``); the legend sits below the panels, outside
+    the data; the title's second line gives batch, image size, cores,
+    device, Python and torch versions and the date.
+
+    Returns:
+        A ``matplotlib.figure.Figure`` (no pyplot state, no display needed).
+    """
+    from matplotlib.figure import Figure
+
+    configs = list(dict.fromkeys(r["config"] for r in rows)) or ["(no rows)"]
+    loaders = list(dict.fromkeys(r["loader"] for r in rows))
+    fig = Figure(figsize=(max(5.0, 4.2 * len(configs)), 5.2), layout="constrained")
+    axes = fig.subplots(1, len(configs), squeeze=False)[0]
+    colors = ["#1f77b4", "#9467bd", "#d62728", "#ff7f0e", "#7f7f7f"]
+    styles = {BASELINE: "--", KERNEL_BOUND: ":"}
+    workers = sorted({r["workers"] for r in rows})
+    for ax, config in zip(axes, configs):
+        mine = [r for r in rows if r["config"] == config and r["img/s"]]
+        base = max((r["img/s"] for r in mine if r["loader"] == BASELINE), default=None)
+        labelled = 0
+        for i, name in enumerate(loaders):
+            pts = sorted((r["workers"], r["img/s"]) for r in mine if r["loader"] == name)
+            if not pts:
+                continue
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color=colors[i % len(colors)],
+                    linestyle=styles.get(name, "-"), label=name)
+            if base and name not in (BASELINE, KERNEL_BOUND):
+                w, peak = max(pts, key=lambda p: p[1])
+                # Each loader's label at its own height above its peak, so that close peaks stay readable.
+                ax.annotate(f"x{peak / base:.2f}", (w, peak), textcoords="offset points", xytext=(0, 6 + 11 * labelled),
+                            ha="center", fontsize=8, color=colors[i % len(colors)],
+                            bbox=dict(boxstyle="square,pad=0.1", fc="white", ec="none", alpha=0.8))
+                labelled += 1
+        ax.set_title(config, fontsize=10)
+        ax.set_xlabel("workers (processes / threads)")
+        if workers:
+            ax.set_xticks(workers)
+        ax.grid(True, alpha=0.3)
+        ax.margins(x=0.1)  # labels at the first and last worker count stay inside
+        ax.set_ylim(bottom=0, top=max(ax.get_ylim()[1], 1.0) * 1.15)  # room for the labels above the peaks
+    axes[0].set_ylabel("images / s")
+    heading = title or "DataLoader vs ThreadDataLoader (xN: a loader's peak over DataLoader's peak)"
+    width = int(fig.get_figwidth() * 13)  # characters per line at this font size
+    lines = textwrap.wrap(heading, width) + _pack(_footer(meta).split(", "), width)
+    fig.suptitle("\n".join(lines), fontsize=9)
+    handles, labels = [], []
+    for ax in axes:  # every loader once, even one missing from the first panel
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            if label not in labels:
+                handles.append(h)
+                labels.append(label)
+    if handles:
+        fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 3), fontsize=8)
+    return fig
+
+
+def write_plot(
+    rows: Sequence[dict[str, Any]], path: str | os.PathLike[str], meta: dict[str, Any] | None = None,
+    title: str | None = None,
+) -> Path:
+    """Save :func:`build_figure` as a PNG; returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig = build_figure(rows, meta or run_metadata(batch_size=0, size=0), title)
+    fig.savefig(path, dpi=100)
+    return path
