@@ -396,3 +396,21 @@ def test_cli_help_and_version() -> None:
     assert helped.returncode == 0 and "--skip-bad-files" in helped.stdout and "--root" in helped.stdout
     version = cli("--version")
     assert version.returncode == 0 and "threadloader" in version.stdout
+
+
+def test_frame_rows_resize_in_the_worker_and_normalize_in_collate(small_root) -> None:
+    # Unbatched frames must be resized by the loader (not left pending for the
+    # consumer), and the normalize config's batches come normalized from the
+    # workers, equal to the uint8 batch converted afterwards.
+    require_torchvision()
+    from threadloader.frames import Frame
+
+    sample = next(iter(pipelines.build_loader(pipelines.THREADS, "resize", small_root, workers=1, size=16)))
+    frame = sample[0]
+    assert isinstance(frame, Frame) and frame._state[1] is None, "resize left pending for the consumer"
+    plain = next(iter(pipelines.build_loader(pipelines.THREADS, "batch", small_root, workers=1, batch_size=4, size=16)))
+    norm = next(iter(pipelines.build_loader(pipelines.THREADS, "normalize", small_root, workers=1, batch_size=4, size=16)))
+    assert norm[0].dtype == torch.float32 and norm[0].shape == plain[0].shape
+    mean = torch.tensor(pipelines.IMAGENET_MEAN).view(1, 3, 1, 1)
+    std = torch.tensor(pipelines.IMAGENET_STD).view(1, 3, 1, 1)
+    assert torch.allclose(norm[0], (plain[0].float() / 255 - mean) / std, atol=1e-5)

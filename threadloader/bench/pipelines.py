@@ -8,7 +8,8 @@ Loaders (rows of the table):
 * ``DataLoader + kernel``: DataLoader's worker processes running the frame
   kernel ThreadDataLoader runs (``decode_image`` + ``frame_collate`` [+
   :func:`threadloader.to_device`]), so that processes and threads compare on
-  the same per-image work;
+  the same per-image work (normalized in the workers by ``frame_collate`` in
+  the ``normalize`` config, on the GPU in the ``gpu`` config);
 * ``ThreadDataLoader``: the frame kernel in worker threads;
 * ``ThreadDataLoader, processes``: the same, the threads spread over
   ``worker_processes=P`` child processes (only where ThreadDataLoader has
@@ -21,6 +22,7 @@ conversion and normalization), ``gpu`` (+ transfer to the GPU).
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 from collections.abc import Iterable
@@ -106,15 +108,26 @@ class FrameLoader:
     """ImageFolder ``loader`` that decodes straight to a resized :class:`~threadloader.Frame`.
 
     A class rather than a lambda so that data sets using it stay picklable.
+
+    Args:
+        size: output size.
+        eager: resize in the loader. Without batching nothing collates the
+            frame, so its pending resize would run only when the training
+            loop reads it; the ``resize`` config must time the resize in the
+            worker, as the baseline's ``Resize`` runs there.
     """
 
-    def __init__(self, size: int | tuple[int, int] = 224) -> None:
+    def __init__(self, size: int | tuple[int, int] = 224, eager: bool = False) -> None:
         self.size = size
+        self.eager = eager
 
     def __call__(self, path: str) -> Any:
         from threadloader.io import decode_image
 
-        return decode_image(path, size=self.size)
+        frame = decode_image(path, size=self.size)
+        if self.eager:
+            frame.numpy()  # runs the pending resize now, in the worker
+        return frame
 
 
 def _hw(size: int | tuple[int, int]) -> tuple[int, int]:
@@ -136,11 +149,11 @@ def torchvision_dataset(
 
 def frame_dataset(
     root: str | os.PathLike[str], size: int | tuple[int, int],
-    is_valid_file: Callable[[str], bool] | None = None,
+    is_valid_file: Callable[[str], bool] | None = None, eager: bool = False,
 ) -> Any:
     """ImageFolder whose samples are ``(Frame, label)`` decoded by :class:`FrameLoader`."""
     tv = import_torchvision()
-    return tv.datasets.ImageFolder(str(root), loader=FrameLoader(_hw(size)), is_valid_file=is_valid_file)
+    return tv.datasets.ImageFolder(str(root), loader=FrameLoader(_hw(size), eager), is_valid_file=is_valid_file)
 
 
 def _move(loader: Iterable[Any], device: str) -> Iterable[Any]:
@@ -213,8 +226,11 @@ def build_loader(
     from threadloader.device import to_device
     from threadloader.frames import frame_collate
 
-    ds = frame_dataset(root, size, is_valid_file=is_valid_file)
-    if batched:
+    ds = frame_dataset(root, size, is_valid_file=is_valid_file, eager=not batched)
+    if config == "normalize":
+        # Normalized in the workers, as part of collate (never on the training loop's thread).
+        batching["collate_fn"] = functools.partial(frame_collate, normalize=(IMAGENET_MEAN, IMAGENET_STD))
+    elif batched:
         batching["collate_fn"] = frame_collate
     if loader == PROCESS_KERNEL:
         built: Any = torch.utils.data.DataLoader(ds, num_workers=workers, pin_memory=gpu, **batching)
@@ -225,8 +241,6 @@ def build_loader(
             ds, num_workers=workers, pin_memory=gpu, worker_processes=worker_processes_for(workers, worker_processes),
             **batching,
         )
-    if config == "normalize":
-        return to_device(built, "cpu", normalize=(IMAGENET_MEAN, IMAGENET_STD))
     if gpu:
         return to_device(built, device, normalize=(IMAGENET_MEAN, IMAGENET_STD))
     return built
