@@ -414,3 +414,20 @@ def test_frame_rows_resize_in_the_worker_and_normalize_in_collate(small_root) ->
     mean = torch.tensor(pipelines.IMAGENET_MEAN).view(1, 3, 1, 1)
     std = torch.tensor(pipelines.IMAGENET_STD).view(1, 3, 1, 1)
     assert torch.allclose(norm[0], (plain[0].float() / 255 - mean) / std, atol=1e-5)
+
+
+def test_runs_skip_the_in_flight_depth_and_cycle_small_folders(small_root) -> None:
+    # 16 images, 2 workers: 4 batches are produced ahead (prefetch 2 x 2), so
+    # they are never timed, and the timed run cycles over the folder.
+    require_torchvision()
+    bench_measure = importlib.import_module("threadloader.bench.measure")
+
+    assert bench_measure.in_flight_depth(2) == 4
+    rows = bench_measure.run_comparison(
+        small_root, configs=["batch"], workers=[2], batch_size=4, max_batches=6, warmup_batches=1,
+        size=16, loaders=[pipelines.THREADS], progress=False,
+    )
+    assert rows[0]["img/s"] and rows[0]["images"] == 6 * 4
+    assert list(pipelines.Cycle(3, 7)) == [0, 1, 2, 0, 1, 2, 0] and len(pipelines.Cycle(3, 7)) == 7
+    with pytest.raises(ValueError):
+        pipelines.Cycle(0, 1)

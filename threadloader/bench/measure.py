@@ -147,6 +147,11 @@ def make_row(
     }
 
 
+def in_flight_depth(workers: int, prefetch_factor: int = 2) -> int:
+    """Items (batches, or samples unbatched) a loader with ``workers`` produces ahead of its consumer."""
+    return prefetch_factor * workers
+
+
 def run_comparison(
     root: str | os.PathLike[str],
     *,
@@ -173,7 +178,8 @@ def run_comparison(
         batch_size: images per batch.
         max_batches: timed-run length in batches (per-sample configs use
             ``max_batches * batch_size`` samples).
-        warmup_batches: batches (or ``batch_size`` samples) not timed.
+        warmup_batches: batches (or ``batch_size`` samples) not timed; at
+            least :func:`in_flight_depth` items are always left untimed.
         size: output image size.
         device: the GPU device for the ``gpu`` config.
         loaders: which loaders to run (``pipelines.ALL_LOADERS`` for all).
@@ -201,15 +207,19 @@ def run_comparison(
         for config, w, name in cells:
             bar.set_description(f"{CONFIGS[config]} w={w} {name}")
             per = 1 if config != "resize" else batch_size
+            # Items produced ahead during warm-up would be timed as if free:
+            # skip at least what a loader keeps in flight (DataLoader's
+            # prefetch_factor 2 per worker) before the clock starts.
+            warm = max(warmup_batches * per, in_flight_depth(w))
             try:
+                items = max_batches * per + warm
                 loader = build_loader(
                     name, config, root, workers=w, batch_size=batch_size, size=size, device=device,
                     worker_processes=worker_processes, is_valid_file=is_valid_file,
+                    # as many samples as the run times, cycling over a small folder
+                    num_samples=items * (batch_size if config != "resize" else 1),
                 )
-                m = measure(
-                    loader, max_items=(max_batches + warmup_batches) * per, warmup=warmup_batches * per,
-                    min_timed=per,
-                )
+                m = measure(loader, max_items=items, warmup=warm, min_timed=per)
                 row = make_row(CONFIGS[config], w, name, m, baseline=baseline.get((config, w)))
             except Exception as exc:  # noqa: BLE001 - handed to on_error, which decides
                 if on_error is None:

@@ -34,6 +34,7 @@ __all__ = [
     "ALL_LOADERS",
     "BASELINE",
     "CONFIGS",
+    "Cycle",
     "FrameLoader",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
@@ -156,6 +157,24 @@ def frame_dataset(
     return tv.datasets.ImageFolder(str(root), loader=FrameLoader(_hw(size), eager), is_valid_file=is_valid_file)
 
 
+class Cycle(torch.utils.data.Sampler):
+    """``0, 1, ..., n-1, 0, 1, ...`` for ``num_samples`` indices: a timed run longer than the folder.
+
+    Every loader of a comparison reads the same indices in the same order.
+    """
+
+    def __init__(self, n: int, num_samples: int) -> None:
+        if n < 1 or num_samples < 0:
+            raise ValueError(f"Cycle needs n >= 1 and num_samples >= 0, got {n}, {num_samples}")
+        self.n, self.num_samples = n, num_samples
+
+    def __iter__(self) -> Any:
+        return (i % self.n for i in range(self.num_samples))
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+
 def _move(loader: Iterable[Any], device: str) -> Iterable[Any]:
     # The baseline's transfer: what a training loop does with a pinned batch.
     for images, labels in loader:
@@ -186,6 +205,7 @@ def build_loader(
     device: str = "cuda",
     worker_processes: int | None = None,
     is_valid_file: Callable[[str], bool] | None = None,
+    num_samples: int | None = None,
 ) -> Iterable[Any]:
     """Build the iterable for one (loader, config) cell of the comparison.
 
@@ -200,6 +220,8 @@ def build_loader(
         worker_processes: P for :data:`THREADS_IN_PROCESSES` (default
             :func:`worker_processes_for`).
         is_valid_file: ImageFolder's filter (e.g. to skip unreadable files).
+        num_samples: samples to draw, cycling over the folder when it holds
+            fewer (None: one pass over it).
 
     Returns:
         An iterable of samples (``resize``) or batches.
@@ -219,6 +241,8 @@ def build_loader(
     batching: dict[str, Any] = {"batch_size": batch_size if batched else None}
     if loader == BASELINE:
         ds = torchvision_dataset(root, size, normalize=config in ("normalize", "gpu"), is_valid_file=is_valid_file)
+        if num_samples is not None:
+            batching["sampler"] = Cycle(len(ds), num_samples)
         dl = torch.utils.data.DataLoader(ds, num_workers=workers, pin_memory=gpu, **batching)
         return _Moved(dl, device) if gpu else dl
 
@@ -227,6 +251,8 @@ def build_loader(
     from threadloader.frames import frame_collate
 
     ds = frame_dataset(root, size, is_valid_file=is_valid_file, eager=not batched)
+    if num_samples is not None:
+        batching["sampler"] = Cycle(len(ds), num_samples)
     if config == "normalize":
         # Normalized in the workers, as part of collate (never on the training loop's thread).
         batching["collate_fn"] = functools.partial(frame_collate, normalize=(IMAGENET_MEAN, IMAGENET_STD))
