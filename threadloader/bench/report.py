@@ -190,7 +190,7 @@ def format_python_time(pt: dict[str, float] | None) -> str:
     return (
         f"Python time per image (frame path, 1 thread, {pt['images']:.0f} images): "
         f"{pt['path_us']:.1f} us through ThreadDataLoader - {pt['native_us']:.1f} us of native calls "
-        f"(simplejpeg decode + torch resize + copy) = {pt['python_us']:.1f} us"
+        f"(simplejpeg decode into a reused buffer + torch resize into the batch) = {pt['python_us']:.1f} us"
     )
 
 
