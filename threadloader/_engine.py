@@ -34,6 +34,7 @@ from typing import Any, Callable
 import torch
 
 from . import _context, worker
+from ._thread_view import WorkerThreadView
 from ._torch_compat import (
     BaseDataLoaderIter,
     DatasetKind,
@@ -44,7 +45,7 @@ from ._torch_compat import (
     profiler_enabled,
     warn_iterable_length,
 )
-from .state import EpochStart, ResumePlan, progress_record
+from .state import EpochStart, RecordsProgressOnDrop, ResumePlan, progress_record
 from .stats import LoaderStats, WorkerCounters
 
 #: How long shutdown waits, in total, for threads to finish the user call they
@@ -371,7 +372,7 @@ def _stop_threads(shared: _Shared, threads: list[threading.Thread]) -> None:
 _MISSING = object()
 
 
-class ThreadedLoaderIter(BaseDataLoaderIter):
+class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
     """DataLoader's iterator protocol, served by worker threads."""
 
     def __init__(self, loader: Any, plan: ResumePlan | None = None) -> None:
@@ -599,6 +600,11 @@ class ThreadedLoaderIter(BaseDataLoaderIter):
     def _shutdown_workers(self) -> None:
         self._finalizer()
 
+    @property
+    def _workers(self) -> list[WorkerThreadView]:
+        """Process-like views of the worker threads (DataLoader's iterator has ``_workers``)."""
+        return [WorkerThreadView(t) for t in self._threads]
+
     def progress(self) -> dict[str, Any] | None:
         """This epoch's checkpoint record, or None once the epoch is over."""
         if self._finished:
@@ -612,7 +618,7 @@ class ThreadedLoaderIter(BaseDataLoaderIter):
         return self._stats
 
 
-class ResumableSingleIter(SingleProcessDataLoaderIter):
+class ResumableSingleIter(RecordsProgressOnDrop, SingleProcessDataLoaderIter):
     """DataLoader's own ``num_workers=0`` iterator, with checkpoint and resume."""
 
     def __init__(self, loader: Any, plan: ResumePlan | None = None) -> None:
