@@ -294,3 +294,15 @@ def test_accelerate_prepare_all_at_once(accelerator):
     import accelerate.data_loader as adl
 
     assert adl.DataLoader is DataLoader  # the name is restored
+
+
+def test_compat_finds_dataloaders_own_call_site():
+    # The adapter attributes the warning to the line where DataLoader itself
+    # calls the check; if torch moves that call, this says so.
+    import linecache
+
+    from threadloader import _torch_compat
+    from torch.utils.data import dataloader as torch_dataloader
+
+    line = _torch_compat._call_site_line(torch_dataloader.DataLoader._get_iterator, "check_worker_number_rationality")
+    assert "check_worker_number_rationality()" in linecache.getline(torch_dataloader.__file__, line)

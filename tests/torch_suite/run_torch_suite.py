@@ -2,10 +2,14 @@
 
 Not collected by pytest (the file name does not start with ``test_``) and not
 part of the suite: torch's test file is not ours to ship. Download the file of
-the torch version you have installed, then::
+the torch version you have installed. ``torch.testing._internal`` needs the
+``expecttest`` package; ``--test-timeout`` needs ``pytest-timeout``. Install
+them beside the environment rather than into it, then::
 
-    PYTHONPATH=$PWD python tests/torch_suite/run_torch_suite.py /tmp/test_dataloader.py
-    PYTHONPATH=$PWD python tests/torch_suite/run_torch_suite.py /tmp/test_dataloader.py --loader torch
+    pip install --target /tmp/suite-deps expecttest pytest-timeout --no-deps
+    PYTHONPATH=$PWD:/tmp/suite-deps python tests/torch_suite/run_torch_suite.py \
+        /tmp/test_dataloader.py --loader thread --test-timeout 120
+    # the same with --loader torch for the baseline, or --compare for both
 
 The swap is done by a ``sitecustomize`` module placed first on ``PYTHONPATH``
 for the pytest run: it sets ``torch.utils.data.DataLoader`` to
@@ -39,7 +43,8 @@ _tud.DataLoader = _ThreadDataLoader
 '''
 
 
-def run(test_file: Path, loader: str, timeout_s: float, pytest_args: list[str]) -> dict[str, str]:
+def run(test_file: Path, loader: str, timeout_s: float, pytest_args: list[str],
+        test_timeout_s: float = 0) -> dict[str, str]:
     """Run the test file under pytest with ``loader`` ('thread' or 'torch').
 
     Returns:
@@ -62,8 +67,13 @@ def run(test_file: Path, loader: str, timeout_s: float, pytest_args: list[str]) 
             paths.append(env["PYTHONPATH"])
         env["PYTHONPATH"] = os.pathsep.join(paths)
         report = work / "report.xml"
+        per_test = []
+        if test_timeout_s > 0:
+            # A test that hangs (torch's forkserver test leaves the start method
+            # changed for the rest of the run) fails alone instead of stalling the run.
+            per_test = [f"--timeout={test_timeout_s:g}"]  # the plugin loads through its entry point
         cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(work),
-               f"--junitxml={report}", str(work / "test_dataloader.py"), *pytest_args]
+               f"--junitxml={report}", *per_test, str(work / "test_dataloader.py"), *pytest_args]
         try:
             subprocess.run(cmd, cwd=work, env=env, timeout=timeout_s, check=False,
                            stdout=subprocess.DEVNULL if "-v" not in pytest_args else None)
@@ -99,7 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("test_file", type=Path, help="a copy of torch's test/test_dataloader.py")
     parser.add_argument("--loader", choices=("thread", "torch"), default="thread")
     parser.add_argument("--compare", action="store_true", help="run both loaders and list the differences")
-    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per pytest run")
+    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per pytest run")
+    parser.add_argument("--test-timeout", type=float, default=0.0,
+                        help="seconds per test (needs the pytest-timeout plugin importable); 0: none")
     parser.add_argument("pytest_args", nargs="*", help="passed to pytest after '--' (e.g. -k expr)")
     args = parser.parse_args(argv)
     if not args.test_file.is_file():
@@ -107,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     loaders = ("torch", "thread") if args.compare else (args.loader,)
     results = {}
     for loader in loaders:
-        results[loader] = run(args.test_file, loader, args.timeout, args.pytest_args)
+        results[loader] = run(args.test_file, loader, args.timeout, args.pytest_args, args.test_timeout)
         summary("DataLoader" if loader == "torch" else "ThreadDataLoader", results[loader])
         not_passed = sorted(k for k, v in results[loader].items() if v in ("failed", "error"))
         for name in not_passed:
