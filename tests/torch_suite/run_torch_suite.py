@@ -81,19 +81,31 @@ def run(test_file: Path, loader: str, timeout_s: float, pytest_args: list[str],
             print(f"[{loader}] pytest did not finish within {timeout_s:.0f} s", file=sys.stderr)
         if not report.exists():
             raise SystemExit(f"[{loader}] pytest wrote no report")
-        return _outcomes(report)
+        outcomes = _outcomes(report)
+        for reason, n in sorted(SKIP_REASONS.pop(str(report)).items(), key=lambda kv: -kv[1]):
+            print(f"  [{loader}] skipped {n}: {reason[:120]}")
+        return outcomes
+
+
+#: Why tests were skipped, by reason (filled by :func:`_outcomes`).
+SKIP_REASONS: dict[str, dict[str, int]] = {}
 
 
 def _outcomes(report: Path) -> dict[str, str]:
     outcomes = {}
+    reasons: dict[str, int] = {}
     for case in ET.parse(report).getroot().iter("testcase"):
         name = f"{case.get('classname', '').rsplit('.', 1)[-1]}::{case.get('name')}"
         outcome = "passed"
         for child in case:
             if child.tag in ("failure", "error", "skipped"):
                 outcome = {"failure": "failed"}.get(child.tag, child.tag)
+                if child.tag == "skipped":
+                    reason = (child.get("message") or "").strip()
+                    reasons[reason] = reasons.get(reason, 0) + 1
                 break
         outcomes[name] = outcome
+    SKIP_REASONS[str(report)] = reasons
     return outcomes
 
 
@@ -112,8 +124,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per pytest run")
     parser.add_argument("--test-timeout", type=float, default=0.0,
                         help="seconds per test (needs the pytest-timeout plugin importable); 0: none")
-    parser.add_argument("pytest_args", nargs="*", help="passed to pytest after '--' (e.g. -k expr)")
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    pytest_args = argv[argv.index("--") + 1:] if "--" in argv else []
+    own = argv[:argv.index("--")] if "--" in argv else argv
+    parser.epilog = "Arguments after '--' go to pytest (e.g. -- -k 'worker_info' -v)."
+    args = parser.parse_args(own)
+    args.pytest_args = pytest_args
     if not args.test_file.is_file():
         parser.error(f"no such file: {args.test_file}")
     loaders = ("torch", "thread") if args.compare else (args.loader,)
