@@ -42,6 +42,7 @@ import torch
 
 from . import _context, worker
 from ._intraop import limit_this_thread
+from ._thread_view import WorkerThreadView
 from ._torch_compat import (
     BaseDataLoaderIter,
     DatasetKind,
@@ -52,7 +53,7 @@ from ._torch_compat import (
     profiler_enabled,
     warn_iterable_length,
 )
-from .state import EpochStart, ResumePlan, progress_record
+from .state import EpochStart, RecordsProgressOnDrop, ResumePlan, progress_record
 from .stats import LoaderStats, WorkerCounters
 
 #: How long shutdown waits, in total, for threads to finish the user call they
@@ -351,6 +352,11 @@ class ThreadPool:
         for jobs in shared.jobs.values():
             _drain(jobs)
 
+    @property
+    def workers(self) -> list[WorkerThreadView]:
+        """Process-like views of the worker threads, in worker order."""
+        return [WorkerThreadView(t) for t in self._threads]
+
     def stop(self) -> None:
         """Stop and join the threads (idempotent), dropping undelivered results."""
         _stop_threads(self._shared, self._threads)
@@ -363,7 +369,7 @@ class ThreadPool:
 _MISSING = object()
 
 
-class ThreadedLoaderIter(BaseDataLoaderIter):
+class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
     """DataLoader's iterator protocol, served by worker threads."""
 
     def __init__(self, loader: Any, plan: ResumePlan | None = None) -> None:
@@ -577,6 +583,11 @@ class ThreadedLoaderIter(BaseDataLoaderIter):
     def _shutdown_workers(self) -> None:
         self._finalizer()
 
+    @property
+    def _workers(self) -> list[Any]:
+        """One process-like object per worker, as DataLoader's iterator has ``_workers``."""
+        return self._pool.workers
+
     def progress(self) -> dict[str, Any] | None:
         """This epoch's checkpoint record, or None once the epoch is over."""
         if self._finished:
@@ -590,7 +601,7 @@ class ThreadedLoaderIter(BaseDataLoaderIter):
         return self._stats
 
 
-class ResumableSingleIter(SingleProcessDataLoaderIter):
+class ResumableSingleIter(RecordsProgressOnDrop, SingleProcessDataLoaderIter):
     """DataLoader's own ``num_workers=0`` iterator, with checkpoint and resume."""
 
     def __init__(self, loader: Any, plan: ResumePlan | None = None) -> None:

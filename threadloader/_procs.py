@@ -257,6 +257,11 @@ class ProcessPool:
         for child in self._children:
             child.jobs.put((_NEW_EPOCH, self.generation))
 
+    @property
+    def workers(self) -> list[Any]:
+        """The process each worker runs in, in worker order (DataLoader's ``_workers`` shape)."""
+        return [self._by_worker[w].process for w in sorted(self._by_worker)]
+
     def stop(self) -> None:
         """Stop the children and the receivers; terminate what does not stop in time (idempotent)."""
         if self._stopped:

@@ -142,6 +142,51 @@ def warn_iterable_length(dataset: Any, reported: int, yielded: int, num_workers:
     warnings.warn(msg, stacklevel=3)  # the caller of __next__, as DataLoader points
 
 
+def _call_site_line(func: Callable, callee: str) -> int:
+    """The line in ``func`` where it calls ``callee`` (its first line if not found)."""
+    import dis
+
+    code = getattr(func, "__code__", None)
+    if code is None:  # pragma: no cover - not a Python function
+        return 1
+    for instr in dis.get_instructions(code):
+        if instr.argval == callee and instr.positions is not None and instr.positions.lineno:
+            return instr.positions.lineno
+    return code.co_firstlineno  # pragma: no cover - torch moved the call
+
+
+def _caller_in_torch(lineno: int) -> Callable[..., Any]:
+    """``call(fn, *args)``: runs ``fn(*args)`` from a frame that torch's dataloader module owns.
+
+    ``warnings.warn(stacklevel=2)`` inside ``fn`` then attributes the warning
+    to ``torch.utils.data.dataloader`` at ``lineno`` of its file, with its
+    registry, exactly as when DataLoader's own code calls ``fn``; so
+    ``warnings.filterwarnings(module="torch.utils.data.dataloader")`` and
+    ``"once"``/``"default"`` actions treat both alike.
+    """
+    src = "\n" * max(lineno - 2, 0) + "def call(fn, *args):\n    return fn(*args)\n"
+    namespace: dict[str, Any] = {}
+    exec(compile(src, _dl.__file__, "exec"), namespace)  # noqa: S102 - fixed source, no user input
+    return types.FunctionType(namespace["call"].__code__, _dl.__dict__, "call")
+
+
+_rationality_caller: Callable[..., Any] | None = None
+
+
+def check_worker_number_rationality(loader: Any) -> None:
+    """DataLoader's too-many-workers check, its warning attributed as DataLoader's is.
+
+    ``DataLoader._get_iterator`` calls ``loader.check_worker_number_rationality()``
+    from ``torch.utils.data.dataloader``, and the warning points there
+    (``stacklevel=2``). Calling the method from our module would move it.
+    """
+    global _rationality_caller
+    if _rationality_caller is None:
+        line = _call_site_line(_dl.DataLoader._get_iterator, "check_worker_number_rationality")
+        _rationality_caller = _caller_in_torch(line)
+    _rationality_caller(loader.check_worker_number_rationality)
+
+
 def pin_memory(data: Any, device: str | None) -> Any:
     """Pin every tensor in ``data`` as DataLoader's pin-memory thread does."""
     return _pin.pin_memory(data, device)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Iterator
+import weakref
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-import weakref
 
-from . import _procs
+from . import _procs, _torch_compat
 from . import state as _state
 from . import worker as _worker  # noqa: F401 - installs thread-aware worker info
 from ._engine import ResumableSingleIter, ThreadedLoaderIter
@@ -16,8 +16,10 @@ from .stats import LoaderStats
 
 __all__ = ["ThreadDataLoader"]
 
+_T_co = TypeVar("_T_co", covariant=True)
 
-class ThreadDataLoader(DataLoader):
+
+class ThreadDataLoader(DataLoader[_T_co]):
     """``torch.utils.data.DataLoader`` with worker *threads* instead of processes.
 
     The signature, argument validation, samplers, ``len()``, errors and
@@ -47,7 +49,7 @@ class ThreadDataLoader(DataLoader):
 
     def __init__(
         self,
-        dataset: Dataset,
+        dataset: Dataset[_T_co],
         batch_size: int | None = 1,
         shuffle: bool | None = None,
         sampler: Sampler | Iterable | None = None,
@@ -91,6 +93,9 @@ class ThreadDataLoader(DataLoader):
         self._resume_plan: _state.ResumePlan | None = None
         self._pending_plan: _state.ResumePlan | None = None
         self._live_iterator: weakref.ref | None = None
+        # Where the latest iterator leaves its position when it is dropped
+        # (``break`` out of a loop without persistent workers).
+        self._progress_box: _state.ProgressBox | None = None
         # The counters of the last threaded iterator, not the iterator: holding
         # it would keep its threads alive after the user dropped it.
         self._last_stats: LoaderStats | None = None
@@ -114,16 +119,22 @@ class ThreadDataLoader(DataLoader):
         # is process-local (a copy has no iterator of its own yet).
         state = self.__dict__.copy()
         state["_live_iterator"] = None
+        state["_progress_box"] = None
         return state
 
     def _get_iterator(self) -> ResumableSingleIter | ThreadedLoaderIter:
         plan = self._pending_plan
+        it: ResumableSingleIter | ThreadedLoaderIter
         if self.num_workers == 0:
-            return ResumableSingleIter(self, plan)
-        self.check_worker_number_rationality()
-        _procs.check_worker_processes(self.worker_processes, self.num_workers)  # it is a plain attribute
-        it = ThreadedLoaderIter(self, plan)
-        self._last_stats = it.stats
+            it = ResumableSingleIter(self, plan)
+        else:
+            # Called as DataLoader's worker iterator calls it, so its warning
+            # is attributed to the same place (torch.utils.data.dataloader).
+            _torch_compat.check_worker_number_rationality(self)
+            _procs.check_worker_processes(self.worker_processes, self.num_workers)  # it is a plain attribute
+            it = ThreadedLoaderIter(self, plan)
+            self._last_stats = it.stats
+        self._progress_box = it.progress_box = _state.ProgressBox()
         return it
 
     def stats(self) -> LoaderStats | None:
@@ -140,7 +151,8 @@ class ThreadDataLoader(DataLoader):
     def state_dict(self) -> dict[str, Any]:
         """The loader's position, for resuming after preemption.
 
-        Call it between batches. It records the current epoch's random state at
+        Call it between batches, or after leaving the loop (``break``): the
+        position of a dropped iterator is kept until the next ``iter()``. It records the current epoch's random state at
         its start and which batches the consumer has received (batches that
         were prefetched but not yet received are *not* counted: after resume
         they are produced again, so none is lost). The dict holds plain values
@@ -155,7 +167,12 @@ class ThreadDataLoader(DataLoader):
             arguments.
         """
         it = self._live_iterator() if self._live_iterator is not None else None
-        progress = it.progress() if it is not None and hasattr(it, "progress") else None
+        if it is not None and hasattr(it, "progress"):
+            progress = it.progress()
+        elif it is None and self._progress_box is not None:
+            progress = self._progress_box.record  # the iterator was dropped mid-epoch
+        else:
+            progress = None
         return _state.make_state(self, progress)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -172,4 +189,5 @@ class ThreadDataLoader(DataLoader):
         if self._iterator is not None:  # a persistent iterator of an older position
             self._iterator._shutdown_workers()
             self._iterator = None
+        self._progress_box = None
         self._resume_plan = plan

@@ -17,6 +17,7 @@ Everything in a state dict is a plain Python value or a CPU tensor, so
 from __future__ import annotations
 
 import contextlib
+import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator
 
@@ -39,6 +40,14 @@ def _has_state(obj: Any) -> bool:
     return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
 
 
+def _epoch_of(obj: Any) -> int | None:
+    """The epoch of a sampler driven by ``set_epoch`` (DistributedSampler and alike), else None."""
+    epoch = getattr(obj, "epoch", None)
+    if isinstance(epoch, int) and not isinstance(epoch, bool) and callable(getattr(obj, "set_epoch", None)):
+        return epoch
+    return None
+
+
 @dataclass
 class EpochStart:
     """Random state at the start of one epoch (after the base seed was drawn)."""
@@ -48,13 +57,19 @@ class EpochStart:
     sampler_generators: dict[str, torch.Tensor] = field(default_factory=dict)
     sampler_states: dict[str, Any] = field(default_factory=dict)
     dataset_state: Any = None
+    # ``epoch`` of samplers driven by ``set_epoch``: their order depends on it,
+    # and on restart Lightning creates the iterator before calling set_epoch.
+    sampler_epochs: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def capture(cls, loader: Any, base_seed: int) -> "EpochStart":
         gen = loader.generator
         rng_state = gen.get_state() if gen is not None else torch.get_rng_state()
-        sampler_generators, sampler_states = {}, {}
+        sampler_generators, sampler_states, sampler_epochs = {}, {}, {}
         for name, obj in _sampler_objects(loader).items():
+            epoch = _epoch_of(obj)
+            if epoch is not None:
+                sampler_epochs[name] = epoch
             own = getattr(obj, "generator", None)
             if isinstance(own, torch.Generator) and own is not gen:
                 sampler_generators[name] = own.get_state()
@@ -63,7 +78,7 @@ class EpochStart:
         dataset_state = None
         if isinstance(loader.dataset, IterableDataset) and _has_state(loader.dataset):
             dataset_state = loader.dataset.state_dict()
-        return cls(int(base_seed), rng_state, sampler_generators, sampler_states, dataset_state)
+        return cls(int(base_seed), rng_state, sampler_generators, sampler_states, dataset_state, sampler_epochs)
 
     def apply(self, loader: Any) -> None:
         """Put the loader's random states back to this epoch start."""
@@ -72,6 +87,9 @@ class EpochStart:
         else:
             torch.set_rng_state(self.rng_state)
         objs = _sampler_objects(loader)
+        for name, epoch in self.sampler_epochs.items():
+            if name in objs and _epoch_of(objs[name]) is not None:
+                objs[name].set_epoch(epoch)
         for name, state in self.sampler_generators.items():
             if name in objs:
                 objs[name].generator.set_state(state)
@@ -96,6 +114,35 @@ class ResumePlan:
 
     def __post_init__(self) -> None:
         self._extra = frozenset(self.consumed_extra)
+
+
+class ProgressBox:
+    """Where an iterator leaves its epoch record when it is dropped.
+
+    The loader holds the box, not the iterator (holding the iterator would keep
+    its worker threads alive after ``break``), so ``state_dict()`` taken after
+    the iterator is gone still names the batches that remain.
+    """
+
+    __slots__ = ("record",)
+
+    def __init__(self) -> None:
+        self.record: dict[str, Any] | None = None
+
+
+class RecordsProgressOnDrop:
+    """Mixin for iterators with ``progress()``: on drop, the record goes to ``progress_box``."""
+
+    progress_box: ProgressBox | None = None
+
+    def __del__(self) -> None:
+        box = self.progress_box
+        if box is None or sys.is_finalizing():  # no checkpoint is taken after exit; torch may be torn down
+            return
+        try:
+            box.record = self.progress()  # type: ignore[attr-defined]
+        except Exception:  # noqa: BLE001 - a half-built iterator, or interpreter exit
+            box.record = None
 
 
 @contextlib.contextmanager

@@ -1,0 +1,308 @@
+"""Fidelity in real clients (issue 9): resume after ``break``, DistributedSampler
+epochs on restart, ``ThreadDataLoader[T]``, the iterator's ``_workers``, and
+warnings attributed where DataLoader's are."""
+
+from __future__ import annotations
+
+import io
+import os
+import typing
+import warnings
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, get_worker_info
+
+from threadloader import ThreadDataLoader
+
+from helpers import Squares, to_list
+
+
+def roundtrip(sd):
+    """What a checkpoint file gives back."""
+    buf = io.BytesIO()
+    torch.save(sd, buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=True)
+
+
+# --- resume after break ---------------------------------------------------------------
+
+LOOPS = [(0, False), (2, False), (2, True)]  # (num_workers, persistent_workers)
+
+
+@pytest.mark.parametrize("num_workers,persistent", LOOPS)
+@pytest.mark.parametrize("use_generator", [False, True])
+def test_state_after_break_names_the_remaining_batches(num_workers, persistent, use_generator):
+    def make():
+        gen = torch.Generator().manual_seed(5) if use_generator else None
+        return ThreadDataLoader(Squares(23), batch_size=3, shuffle=True, num_workers=num_workers,
+                                persistent_workers=persistent, generator=gen)
+
+    torch.manual_seed(0)
+    reference = make()
+    expected = [to_list(reference) for _ in range(3)]
+
+    torch.manual_seed(0)
+    loader = make()
+    got = [to_list(loader)]
+    head = []
+    for i, batch in enumerate(loader):  # the iterator is dropped by the loop on break
+        head.append(to_list([batch])[0])
+        if i == 2:
+            break
+    sd = roundtrip(loader.state_dict())
+    assert sd["epoch"] is not None and sd["epoch"]["consumed_prefix"] == 3
+    del loader
+    torch.manual_seed(999)  # a new process: the global RNG is anywhere
+    resumed = make()
+    resumed.load_state_dict(sd)
+    got.append(head + to_list(resumed))
+    got.append(to_list(resumed))
+    assert got == expected
+
+
+@pytest.mark.parametrize("num_workers,persistent", LOOPS)
+def test_break_then_a_full_epoch_is_between_epochs(num_workers, persistent):
+    loader = ThreadDataLoader(Squares(10), batch_size=2, num_workers=num_workers, persistent_workers=persistent)
+    for _ in loader:
+        break
+    assert loader.state_dict()["epoch"] is not None
+    to_list(loader)  # a new iter() starts a new epoch, as DataLoader's does
+    assert loader.state_dict()["epoch"] is None
+
+
+def test_a_dropped_older_iterator_does_not_overwrite_the_live_position():
+    loader = ThreadDataLoader(Squares(12), batch_size=2, num_workers=2)
+    old = iter(loader)
+    next(old)
+    live = iter(loader)
+    next(live), next(live)
+    del old
+    assert loader.state_dict()["epoch"]["consumed_prefix"] == 2
+    del live
+    assert loader.state_dict()["epoch"]["consumed_prefix"] == 2
+
+
+# --- DistributedSampler epoch on restart ----------------------------------------------
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_distributed_sampler_resumes_its_epoch_when_iter_comes_before_set_epoch(num_workers):
+    def make():
+        ds = Squares(25)
+        sampler = DistributedSampler(ds, num_replicas=2, rank=1, shuffle=True, seed=3)
+        return ThreadDataLoader(ds, batch_size=2, num_workers=num_workers, sampler=sampler)
+
+    reference = make()
+    expected = []
+    for e in range(3):
+        reference.sampler.set_epoch(e)
+        expected.append(to_list(reference))
+    assert expected[0] != expected[1]
+
+    loader = make()
+    loader.sampler.set_epoch(0)
+    to_list(loader)
+    loader.sampler.set_epoch(1)
+    it = iter(loader)
+    head = to_list([next(it) for _ in range(3)])
+    sd = roundtrip(loader.state_dict())
+    del it, loader
+
+    resumed = make()  # a restarted process: the sampler is back at epoch 0
+    resumed.load_state_dict(sd)
+    it = iter(resumed)  # Lightning creates the iterator first ...
+    resumed.sampler.set_epoch(1)  # ... and calls set_epoch after
+    assert head + to_list(it) == expected[1]
+    resumed.sampler.set_epoch(2)
+    assert to_list(resumed) == expected[2]
+
+
+# --- typing ------------------------------------------------------------------------------
+
+def test_thread_data_loader_is_generic_like_data_loader():
+    alias = ThreadDataLoader[list[torch.Tensor]]
+    assert typing.get_origin(alias) is ThreadDataLoader
+    assert typing.get_args(alias) == (list[torch.Tensor],)
+    assert len(ThreadDataLoader.__parameters__) == len(DataLoader.__parameters__) == 1
+
+    def annotated(is_train: bool) -> ThreadDataLoader[list[torch.Tensor]]:  # torch's test_typing
+        return ThreadDataLoader(Squares(4))
+
+    loader = ThreadDataLoader[int](Squares(4), batch_size=2)
+    assert isinstance(loader, ThreadDataLoader) and isinstance(loader, DataLoader)
+    assert len(to_list(loader)) == 2
+    assert isinstance(annotated(True), ThreadDataLoader)
+
+
+# --- the iterator's _workers --------------------------------------------------------------
+
+def _record_pid(worker_id):
+    get_worker_info().dataset.pids[worker_id] = os.getpid()
+
+
+class _PidDataset(Squares):
+    def __init__(self, n):
+        super().__init__(n)
+        self.pids = {}
+
+
+def test_workers_are_process_like_views_of_the_threads():
+    ds = _PidDataset(12)
+    loader = ThreadDataLoader(ds, batch_size=2, num_workers=2, worker_init_fn=_record_pid)
+    it = iter(loader)
+    workers = it._workers
+    assert len(workers) == 2
+    for w in workers:
+        assert w.is_alive() and w.exitcode is None
+        assert w.name.startswith("threadloader-worker-")
+    to_list([next(it) for _ in range(2)])
+    # torch's _test_get_worker_info: the pid a worker sees is its _workers pid
+    assert {i: workers[i].pid for i in ds.pids} == ds.pids
+    del it  # torch's exit checks: join, then not alive with exit code 0
+    for w in workers:
+        w.join(5)
+        assert not w.is_alive()
+        assert w.exitcode == 0
+        w.terminate()  # clean-up code written for processes stays harmless
+
+
+def test_workers_have_the_process_interface_torch_tests_use():
+    it = iter(ThreadDataLoader(Squares(4), num_workers=1))
+    view = it._workers[0]
+    for name in ("is_alive", "join", "terminate", "pid", "exitcode", "name"):
+        assert hasattr(view, name), name
+    del it
+
+
+# --- warnings attributed as DataLoader's ---------------------------------------------------
+
+def _record(make, use):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        use(make())
+    return [(w.category, str(w.message), w.filename, w.lineno) for w in caught]
+
+
+def _start(loader):
+    it = iter(loader)
+    next(it)
+    del it
+
+
+def test_too_many_workers_warning_is_attributed_as_dataloaders(monkeypatch):
+    monkeypatch.setattr(torch._utils, "cpu_count", lambda: 1)  # 2 workers are "too many"
+    ours = _record(lambda: ThreadDataLoader(range(4), num_workers=2), _start)
+    theirs = _record(lambda: DataLoader(range(4), num_workers=2), _start)
+    assert len(theirs) == 2  # at construction and at iter()
+    assert ours == theirs
+
+
+def test_too_many_workers_warning_is_filtered_by_dataloaders_module(monkeypatch):
+    monkeypatch.setattr(torch._utils, "cpu_count", lambda: 1)
+    for cls in (DataLoader, ThreadDataLoader):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            warnings.filterwarnings("ignore", module=r"torch\.utils\.data\.dataloader")
+            _start(cls(range(4), num_workers=2))
+        assert caught == [], (cls.__name__, [str(w.message) for w in caught])
+
+
+class _TooLong(IterableDataset):
+    def __iter__(self):
+        return iter(range(6))
+
+    def __len__(self):
+        return 2
+
+    def __repr__(self):  # the message names the dataset: same text for both loaders
+        return "_TooLong()"
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_iterable_length_warning_is_attributed_as_dataloaders(num_workers):
+    def use(loader):
+        len(loader)
+        for _ in loader:  # the warning points at this line for both loaders
+            pass
+
+    ours = _record(lambda: ThreadDataLoader(_TooLong(), num_workers=num_workers), use)
+    theirs = _record(lambda: DataLoader(_TooLong(), num_workers=num_workers), use)
+    assert theirs and ours == theirs
+
+
+# --- Accelerate ----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def accelerator():
+    accelerate = pytest.importorskip("accelerate")
+    return accelerate.Accelerator(cpu=True)
+
+
+def _plain_then_threads(accelerator, make):
+    """Accelerate's own result for a DataLoader, and ours for a ThreadDataLoader."""
+    from threadloader.integrations import accelerate as tl_accelerate
+
+    plain = accelerator.prepare_data_loader(make(DataLoader))
+    threaded = tl_accelerate.prepare_data_loader(accelerator, make(ThreadDataLoader))
+    return plain, threaded
+
+
+def test_accelerate_prepare_keeps_the_thread_loader(accelerator):
+    make = lambda cls: cls(Squares(20), batch_size=4, shuffle=True, num_workers=2,  # noqa: E731
+                           generator=torch.Generator().manual_seed(1))
+    plain, threaded = _plain_then_threads(accelerator, make)
+    assert isinstance(threaded, ThreadDataLoader)
+    assert type(threaded.base_dataloader) is ThreadDataLoader
+    assert to_list(threaded) == to_list(plain)
+    assert threaded.stats() is not None and threaded.stats().snapshot()["batches"] == 5
+    assert "epoch" in threaded.base_dataloader.state_dict()
+
+
+def test_plain_accelerate_prepare_loses_the_threads(accelerator):
+    # What the helper is for: Accelerate alone rebuilds a plain DataLoader.
+    prepared = accelerator.prepare_data_loader(ThreadDataLoader(Squares(8), batch_size=2, num_workers=2))
+    assert type(prepared.base_dataloader) is DataLoader
+
+
+def test_accelerate_skip_first_batches_keeps_the_thread_loader(accelerator):
+    from threadloader.integrations import accelerate as tl_accelerate
+
+    make = lambda cls: cls(Squares(20), batch_size=3, num_workers=2)  # noqa: E731
+    plain, threaded = _plain_then_threads(accelerator, make)
+    skipped = tl_accelerate.skip_first_batches(accelerator, threaded, num_batches=2)
+    expected = to_list(accelerator.skip_first_batches(plain, num_batches=2))
+    assert type(skipped.base_dataloader) is ThreadDataLoader
+    assert to_list(skipped) == expected == to_list(plain)[2:]
+    # An unprepared ThreadDataLoader too.
+    bare = tl_accelerate.skip_first_batches(accelerator, make(ThreadDataLoader), num_batches=2)
+    assert isinstance(bare, ThreadDataLoader) and to_list(bare) == expected
+
+
+def test_accelerate_prepare_all_at_once(accelerator):
+    from threadloader.integrations import accelerate as tl_accelerate
+
+    model = torch.nn.Linear(1, 1)
+    ours = ThreadDataLoader(Squares(6), batch_size=2, num_workers=2)
+    theirs = DataLoader(Squares(6), batch_size=2)
+    p_model, p_ours, p_theirs = tl_accelerate.prepare(accelerator, model, ours, theirs)
+    assert isinstance(p_model, torch.nn.Module)
+    assert type(p_ours.base_dataloader) is ThreadDataLoader
+    assert type(p_theirs.base_dataloader) is DataLoader
+    assert p_ours in accelerator._dataloaders and p_theirs in accelerator._dataloaders
+    assert to_list(p_ours) == to_list(p_theirs)
+    import accelerate.data_loader as adl
+
+    assert adl.DataLoader is DataLoader  # the name is restored
+
+
+def test_compat_finds_dataloaders_own_call_site():
+    # The adapter attributes the warning to the line where DataLoader itself
+    # calls the check; if torch moves that call, this says so.
+    import linecache
+
+    from threadloader import _torch_compat
+    from torch.utils.data import dataloader as torch_dataloader
+
+    line = _torch_compat._call_site_line(torch_dataloader.DataLoader._get_iterator, "check_worker_number_rationality")
+    assert "check_worker_number_rationality()" in linecache.getline(torch_dataloader.__file__, line)
