@@ -40,26 +40,29 @@ class SmallTensors(Dataset):
     def __init__(self, n: int, floats: int) -> None:
         self.n, self.floats = n, floats
         self.lock = threading.Lock()
-        self.active = 0
-        self.max_active = 0
+        # Shared by the workers' copies of the dataset (each worker thread has
+        # its own shallow copy, as each worker process has its own copy).
+        self.counts = {"active": 0, "max_active": 0}
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, i: int) -> torch.Tensor:
+        counts = self.counts
         with self.lock:
-            self.active += 1
-            self.max_active = max(self.max_active, self.active)
+            counts["active"] += 1
+            counts["max_active"] = max(counts["max_active"], counts["active"])
         try:
             return torch.full((self.floats,), float(i))
         finally:
             with self.lock:
-                self.active -= 1
+                counts["active"] -= 1
 
     def take_max_active(self) -> int:
         """The most concurrent fetches since the last call."""
+        counts = self.counts
         with self.lock:
-            value, self.max_active = self.max_active, self.active
+            value, counts["max_active"] = counts["max_active"], counts["active"]
         return value
 
 

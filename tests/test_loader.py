@@ -195,6 +195,59 @@ def test_default_collate_does_not_use_shared_memory():
 
 # --- worker info and randomness -----------------------------------------------------------
 
+def test_each_worker_has_its_own_shallow_copy_of_the_dataset():
+    # As with worker processes: attributes a worker sets stay its own (the
+    # lazily opened handle pattern), the data the dataset holds is not copied.
+    class LazyHandle(Dataset):
+        def __init__(self):
+            self.data = list(range(24))
+            self.handle = None
+
+        def __len__(self):
+            return len(self.data)
+
+        def __getitem__(self, i):
+            if self.handle is None:
+                self.handle = torch.utils.data.get_worker_info().id  # "open" once per worker
+            return self.handle, id(self.data), self.data[i]
+
+    def init(worker_id):
+        torch.utils.data.get_worker_info().dataset.init_id = worker_id
+
+    ds = LazyHandle()
+    kw = dict(batch_size=None, num_workers=3, worker_init_fn=init, persistent_workers=True)
+    loader, oracle = ThreadDataLoader(ds, **kw), DataLoader(ds, **kw)
+    for _ in range(2):  # persistent workers keep their copy across epochs
+        ours, theirs = list(loader), list(oracle)
+        assert [(o[0], o[2]) for o in ours] == [(t[0], t[2]) for t in theirs]
+        assert [o[0] for o in ours] == [i % 3 for i in range(24)]
+        assert {o[1] for o in ours} == {id(ds.data)}  # the data itself is shared
+    assert ds.handle is None and not hasattr(ds, "init_id")  # the loader's own object is untouched
+
+    class InitOnSelf(Squares):  # torch's TestWorkerQueueDataset pattern
+        def init(self, worker_id):
+            self.worker_id = worker_id
+
+        def __getitem__(self, i):
+            return self.worker_id, super().__getitem__(i)
+
+        def collate(self, batch):
+            return [self.worker_id] + [b[0] for b in batch]
+
+    init_ds = InitOnSelf(12)
+    got = to_list(ThreadDataLoader(init_ds, batch_size=2, num_workers=3, worker_init_fn=init_ds.init,
+                                   collate_fn=init_ds.collate))
+    assert got == to_list(DataLoader(init_ds, batch_size=2, num_workers=3, worker_init_fn=init_ds.init,
+                                     collate_fn=init_ds.collate))
+    assert [b[0] for b in got] == [i % 3 for i in range(6)] and not hasattr(init_ds, "worker_id")
+
+    class Uncopyable(Squares):
+        def __reduce_ex__(self, protocol):
+            raise TypeError("no copies")
+
+    assert to_list(ThreadDataLoader(Uncopyable(6), num_workers=2)) == to_list(DataLoader(Squares(6), num_workers=0))
+
+
 def test_worker_info_is_thread_local():
     ds = Recorder(60)
     torch.manual_seed(5)
@@ -204,7 +257,9 @@ def test_worker_info_is_thread_local():
     for info, ident, gen in ds.seen.values():
         assert info.num_workers == 3 and 0 <= info.id < 3
         assert info.seed == base_seed + info.id
-        assert info.dataset is ds
+        # the worker's own shallow copy, as a worker process has its own copy
+        assert type(info.dataset) is Recorder and info.dataset is not ds
+        assert info.dataset.seen is ds.seen
         assert info.worker_method == "thread"
         assert gen is info.rng.torch_generator
     per_thread = {}

@@ -322,16 +322,16 @@ CHILD = textwrap.dedent(
     loader = ThreadDataLoader(Slow(), batch_size=2, num_workers=2, worker_processes=2, persistent_workers=True)
     it = iter(loader)
     next(it)
-    print(" ".join(map(str, it._pool.pids)), flush=True)
-    if {mode!r} == "sleep":
-        time.sleep(60)
-    elif {mode!r} == "loop":
-        try:
+    try:  # the parent may interrupt as soon as it has read the pids
+        print(" ".join(map(str, it._pool.pids)), flush=True)
+        if {mode!r} == "sleep":
+            time.sleep(60)
+        elif {mode!r} == "loop":
             for _ in it:
                 pass
-        except KeyboardInterrupt:
-            print("interrupted", flush=True)
-            raise
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+        raise
     """
 )
 

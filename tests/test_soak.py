@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import importlib.util
 import threading
+import types
 import time
 import weakref
 from pathlib import Path
@@ -36,23 +37,29 @@ class Tracked(Dataset):
     def __init__(self, n: int, floats: int = 16, slow_every: int = 0) -> None:
         self.n, self.floats, self.slow_every = n, floats, slow_every
         self.lock = threading.Lock()
-        self.active = self.max_active = self.fetched = 0
+        # One counter object for all workers: each worker thread has its own
+        # shallow copy of the dataset, which shares this object.
+        self.counts = types.SimpleNamespace(active=0, max_active=0, fetched=0)
+
+    max_active = property(lambda self: self.counts.max_active)
+    fetched = property(lambda self: self.counts.fetched)
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, i: int) -> torch.Tensor:
+        counts = self.counts
         with self.lock:
-            self.active += 1
-            self.max_active = max(self.max_active, self.active)
+            counts.active += 1
+            counts.max_active = max(counts.max_active, counts.active)
         try:
             if self.slow_every and i % self.slow_every == 0:
                 time.sleep(0.0005)
             return torch.full((self.floats,), float(i))
         finally:
             with self.lock:
-                self.active -= 1
-                self.fetched += 1
+                counts.active -= 1
+                counts.fetched += 1
 
 
 class CountingBatchSampler(Sampler[list[int]]):

@@ -35,6 +35,7 @@ import queue
 import threading
 import time
 import weakref
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -121,6 +122,12 @@ def _worker_main(shared: _Shared, cfg: _Config, worker_id: int) -> None:
         limit_this_thread()
         if cfg.pin and cfg.device_index is not None:
             torch.accelerator.set_device_index(cfg.device_index)
+        # Its own copy, as a worker process has (persistent workers keep it);
+        # the dataset's own methods passed as hooks follow it.
+        replica = worker.worker_dataset(cfg.dataset)
+        cfg = dataclasses.replace(
+            cfg, dataset=replica, init_fn=worker.rebound(cfg.init_fn, cfg.dataset, replica),
+            collate_fn=worker.rebound(cfg.collate_fn, cfg.dataset, replica))
         worker.enter_worker(worker_id, cfg.num_workers, cfg.base_seed, cfg.dataset)
         # This thread only ever collates for this loader: tell collate
         # functions (frame_collate) once whether batches get pinned.

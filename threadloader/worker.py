@@ -14,7 +14,9 @@ training loop's RNG is never touched. ``info.rng`` holds the same generators
 
 from __future__ import annotations
 
-from typing import Any
+import copy
+import types
+from typing import Any, Callable
 
 from . import _rng, _torch_compat
 
@@ -36,7 +38,7 @@ def enter_worker(worker_id: int, num_workers: int, base_seed: int, dataset: Any)
         worker_id: 0 .. num_workers - 1.
         num_workers: the loader's ``num_workers``.
         base_seed: the seed the iterator drew from the loader's generator.
-        dataset: the dataset the worker reads (shared, not copied).
+        dataset: the dataset the worker reads (its :func:`worker_dataset`).
 
     Returns:
         The ``WorkerInfo`` now returned by ``get_worker_info()`` in this thread.
@@ -47,6 +49,40 @@ def enter_worker(worker_id: int, num_workers: int, base_seed: int, dataset: Any)
     _torch_compat.set_thread_worker_info(info)
     _rng.enter(gens)
     return info
+
+
+def worker_dataset(dataset: Any) -> Any:
+    """The worker's own shallow copy of ``dataset``.
+
+    A worker process works on its own copy of the dataset, so attributes a
+    worker sets on it (a file handle opened lazily in ``__getitem__``, a worker
+    id stored by ``worker_init_fn``) are that worker's alone. A shallow copy
+    gives each thread the same: its own attribute namespace, while the data the
+    dataset holds (arrays, tensors, lists, dicts) stays one shared object, never
+    duplicated. A dataset that cannot be copied is shared as it is.
+
+    Args:
+        dataset: the loader's dataset.
+
+    Returns:
+        ``copy.copy(dataset)``, or ``dataset`` itself when copying fails.
+    """
+    try:
+        return copy.copy(dataset)
+    except Exception:  # noqa: BLE001 - an uncopyable dataset is shared, as before
+        return dataset
+
+
+def rebound(fn: Callable | None, original: Any, replica: Any) -> Callable | None:
+    """``fn`` bound to ``replica`` when it is a method bound to ``original``, else ``fn``.
+
+    ``worker_init_fn=dataset.init`` or ``collate_fn=dataset.collate`` act, in
+    a worker process, on that process's copy of the dataset; in a worker
+    thread they must act on the thread's copy.
+    """
+    if replica is not original and getattr(fn, "__self__", None) is original:
+        return types.MethodType(fn.__func__, replica)
+    return fn
 
 
 def leave_worker() -> None:
