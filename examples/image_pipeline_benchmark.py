@@ -113,10 +113,12 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     prev = torch.get_num_threads()
     torch.set_num_threads(1)  # a single-thread kernel rate, as one worker process runs it
     try:
-        one = _kernel_rate(paths, lambda q: decode_image(q, size=(s, s)), secs)
+        # .numpy() runs the resize a frame leaves pending for collate: the kernel is decode + resize.
+        one = _kernel_rate(paths, lambda q: decode_image(q, size=(s, s)).numpy(), secs)
         rrc_tv = T.RandomResizedCrop(s)
         tv = _kernel_rate(paths, lambda q: T.functional.pil_to_tensor(rrc_tv(Image_open_rgb(q))), secs)
-        ours = _kernel_rate(paths, RandomResizedCropLoader(s), secs)
+        crop_loader = RandomResizedCropLoader(s)
+        ours = _kernel_rate(paths, lambda q: crop_loader(q).numpy(), secs)
         full = _kernel_rate(paths, functools.partial(_full_decode_rrc, size=s), secs)
     finally:
         torch.set_num_threads(prev)

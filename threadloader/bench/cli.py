@@ -83,26 +83,24 @@ log = logging.getLogger("threadloader.bench")
 # ----------------------------------------------------------------------------- flag types
 
 
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1."""
+def _int_at_least(text: str, low: int, what: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer; got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer; got {text!r}")
+        raise argparse.ArgumentTypeError(f"must be {what}; got {text!r}") from None
+    if value < low:
+        raise argparse.ArgumentTypeError(f"must be {what}; got {text!r}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    return _int_at_least(text, 1, "a positive integer")
 
 
 def non_negative_int(text: str) -> int:
     """argparse type: an integer >= 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0; got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0; got {text!r}")
-    return value
+    return _int_at_least(text, 0, "an integer >= 0")
 
 
 def image_side(text: str) -> int:
@@ -412,7 +410,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 if rows:
                     print(format_table(rows, COLUMNS))
                 raise
-        rate, counted = kernel_rate(files, FrameLoader((s["size"], s["size"])), images=max(2 * s["batch_size"], 64))
+        rate, counted = kernel_rate(files, FrameLoader((s["size"], s["size"]), eager=True), images=max(2 * s["batch_size"], 64))
         baselines = {(r["config"], r["workers"]): r["img/s"] for r in rows if r["loader"] == BASELINE}
         for row in kernel_bound_rows(s["configs"], s["workers"], rate, counted, baselines=baselines):
             rows.append(row)
