@@ -219,12 +219,17 @@ class _TooLong(IterableDataset):
         return "_TooLong()"
 
 
+@pytest.mark.parametrize("profiled", [False, True])
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_iterable_length_warning_is_attributed_as_dataloaders(num_workers):
+def test_iterable_length_warning_is_attributed_as_dataloaders(num_workers, profiled):
+    import contextlib
+
     def use(loader):
         len(loader)
-        for _ in loader:  # the warning points at this line for both loaders
-            pass
+        # with a profiler running, DataLoader's step range is kept: same attribution
+        with torch.autograd.profiler.profile() if profiled else contextlib.nullcontext():
+            for _ in loader:  # the warning points at this line for both loaders
+                pass
 
     ours = _record(lambda: ThreadDataLoader(_TooLong(), num_workers=num_workers), use)
     theirs = _record(lambda: DataLoader(_TooLong(), num_workers=num_workers), use)

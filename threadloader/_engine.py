@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
+from torch.autograd.profiler import record_function
 
 from . import _context, worker
 from ._intraop import limit_this_thread
@@ -436,9 +437,14 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
         # DataLoader wraps every step in a profiler record_function, even when
         # no profiler runs. Its exit op releases the GIL, and with busy worker
         # threads the consumer then waits for the GIL on every item. Keep the
-        # profiler range when a profiler is active; skip it otherwise.
+        # profiler range when a profiler is active; skip it otherwise. Both
+        # paths take one step through _step, so warnings point at the caller.
         if profiler_enabled():
-            return super().__next__()
+            with record_function(self._profile_name):
+                return self._step()
+        return self._step()
+
+    def _step(self) -> Any:
         if self._sampler_iter is None:
             self._reset()  # type: ignore[call-arg]  # as torch does
         data = self._next_data()

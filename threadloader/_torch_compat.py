@@ -139,7 +139,9 @@ def warn_iterable_length(dataset: Any, reported: int, yielded: int, num_workers:
             "IterableDataset replica at each worker. Please see "
             "https://pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset for examples."
         )
-    warnings.warn(msg, stacklevel=3)  # the caller of __next__, as DataLoader points
+    # warn_iterable_length <- ThreadedLoaderIter._step <- __next__ <- the
+    # user's line, which is where DataLoader's own warning points.
+    warnings.warn(msg, stacklevel=4)
 
 
 def _call_site_line(func: Callable, callee: str) -> int:
