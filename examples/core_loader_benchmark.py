@@ -28,6 +28,7 @@ from typing import Any
 from torch.utils.data import DataLoader, Dataset
 
 from threadloader import ThreadDataLoader
+from threadloader.bench import parse_workers
 
 
 class IndexDataset(Dataset):
@@ -56,19 +57,9 @@ def measure(cls: type, n: int, workers: int, batch_size: int | None) -> tuple[fl
     return items / elapsed, first
 
 
-def _worker_list(text: str) -> list[int]:
-    try:
-        counts = [int(part) for part in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}") from None
-    if not counts or min(counts) < 1:
-        raise argparse.ArgumentTypeError(f"worker counts must be >= 1, got {text!r}")
-    return counts
-
-
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workers", type=_worker_list, default=[2],
+    parser.add_argument("--workers", type=parse_workers, default=[2],
                         help="comma-separated worker counts, e.g. 1,4,16,32 (default 2)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--items-unbatched", type=int, default=20_000)
