@@ -45,8 +45,8 @@ import torch
 import torch.multiprocessing as torch_mp
 
 from . import _context
-from ._engine import _CRASHED, _DATA, JOIN_BUDGET_S, ThreadPool, _Config, _where
-from ._torch_compat import ExceptionWrapper, pin_memory
+from ._engine import _CRASHED, _DATA, JOIN_BUDGET_S, ThreadPool, _Config, _drain, pin_task
+from ._torch_compat import ExceptionWrapper
 
 __all__ = ["ProcessPool", "check_worker_processes"]
 
@@ -295,11 +295,7 @@ class ProcessPool:
                 q.close()
             if child.process is not None and child.process.exitcode is not None:
                 child.process.close()
-        while True:
-            try:
-                self.results.get_nowait()
-            except queue.Empty:
-                break
+        _drain(self.results)
 
 
 def _receive(pool: ProcessPool, child: _Child) -> None:
@@ -336,13 +332,7 @@ def _receive_one(pool: ProcessPool, child: _Child, pid: int) -> bool:
     kind, gen, idx, worker_id, payload = msg
     del msg
     if pool._pin and kind == _DATA and not isinstance(payload, ExceptionWrapper):
-        t0 = time.perf_counter()
-        try:
-            payload = pin_memory(payload, pool._pin_device)
-        except Exception:
-            payload = ExceptionWrapper(where=_where(worker_id, "pin_memory"))
-        counters = pool.counters[worker_id]
-        counters.pin_s = counters.pin_s + (time.perf_counter() - t0)
+        payload = pin_task(payload, pool._pin_device, pool.counters[worker_id], worker_id)
     pool.results.put((kind, gen, idx, worker_id, payload))
     return True
 
