@@ -30,12 +30,12 @@ which stops the pool.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import queue
 import threading
 import time
 import weakref
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
 

@@ -7,7 +7,6 @@ from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-
 from . import _procs, _torch_compat
 from . import state as _state
 from . import worker as _worker  # noqa: F401 - installs thread-aware worker info
@@ -152,8 +151,9 @@ class ThreadDataLoader(DataLoader[_T_co]):
         """The loader's position, for resuming after preemption.
 
         Call it between batches, or after leaving the loop (``break``): the
-        position of a dropped iterator is kept until the next ``iter()``. It records the current epoch's random state at
-        its start and which batches the consumer has received (batches that
+        position of a dropped iterator is kept until the next ``iter()``. It
+        records the current epoch's random state at its start and which
+        batches the consumer has received (batches that
         were prefetched but not yet received are *not* counted: after resume
         they are produced again, so none is lost). The dict holds plain values
         and CPU tensors: ``torch.save`` writes it.
