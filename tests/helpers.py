@@ -86,8 +86,21 @@ class Recorder(Dataset):
     def __getitem__(self, i: int) -> int:
         info = get_worker_info()
         with self.lock:
-            self.seen[i] = (info, threading.get_ident(), torch.random.thread_safe_generator())
+            self.seen[i] = (info, threading.get_ident(), worker_torch_generator())
         return i
+
+
+def worker_torch_generator() -> torch.Generator | None:
+    """The calling worker thread's torch generator, as torch exposes it.
+
+    ``torch.random.thread_safe_generator()`` from torch 2.12 on; torch 2.11 has
+    no such function, and the worker info's ``rng`` holds the same generator.
+    """
+    public = getattr(torch.random, "thread_safe_generator", None)
+    if public is not None:
+        return public()
+    info = get_worker_info()
+    return None if info is None else info.rng.torch_generator
 
 
 def to_list(batches):

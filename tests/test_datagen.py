@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-import simplejpeg
+from threadloader.io._codec import jpeg
 
 from threadloader.datagen import make_imagenet_like, photo_like_image
 
@@ -30,7 +30,7 @@ def test_layout_determinism_and_cache(tmp_path) -> None:
 
 def test_sizes_vary_like_imagenet(tmp_path) -> None:
     root = make_imagenet_like(tmp_path, num_classes=2, images_per_class=20, size=(75, 100))
-    sizes = [simplejpeg.decode_jpeg_header(p.read_bytes())[:2] for p in root.rglob("*.JPEG")]
+    sizes = [jpeg.decode_jpeg_header(p.read_bytes())[:2] for p in root.rglob("*.JPEG")]
     assert sizes.count((75, 100)) >= 10
     assert (100, 75) in sizes
     assert len(set(sizes)) >= 4

@@ -152,11 +152,11 @@ def test_collate_allocates_pinned_when_requested() -> None:
 # --- pending resize: decode_image(size=...) resizes straight into the batch --------
 
 def _jpeg(h: int, w: int, seed: int) -> bytes:
-    import simplejpeg
+    from threadloader.io._codec import jpeg
 
     from threadloader.datagen import photo_like_image
 
-    return simplejpeg.encode_jpeg(np.ascontiguousarray(photo_like_image(h, w, seed)), quality=90)
+    return jpeg.encode_jpeg(np.ascontiguousarray(photo_like_image(h, w, seed)), quality=90)
 
 
 def _resized_as_before(decoded: np.ndarray, size: tuple[int, int]) -> np.ndarray:
@@ -443,15 +443,15 @@ def test_pool_granule_shares_blocks_between_nearby_sizes() -> None:
 
 
 def test_decoded_jpegs_reuse_pooled_memory_only_after_release() -> None:
-    import simplejpeg
+    from threadloader.io._codec import jpeg
 
     from threadloader._pool import decode_pool
     from threadloader.datagen import photo_like_image
     from threadloader.io import decode_image
 
     pixels = photo_like_image(60, 80, seed=3)
-    data = simplejpeg.encode_jpeg(pixels, quality=90, colorspace="RGB")
-    expected = simplejpeg.decode_jpeg(data, colorspace="RGB")
+    data = jpeg.encode_jpeg(pixels, quality=90, colorspace="RGB")
+    expected = jpeg.decode_jpeg(data, colorspace="RGB")
     first = decode_image(data)
     ptr = first.numpy().ctypes.data
     others = [decode_image(data) for _ in range(5)]  # first is alive: never its block

@@ -8,7 +8,7 @@ import zipfile
 
 import numpy as np
 import pytest
-import simplejpeg
+from threadloader.io._codec import jpeg as codec
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -63,15 +63,15 @@ def rgb() -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def jpeg(rgb) -> bytes:
-    return simplejpeg.encode_jpeg(rgb, quality=90)
+    return codec.encode_jpeg(rgb, quality=90)
 
 
 # --- exact decode ----------------------------------------------------------------
 
-def test_jpeg_decode_matches_simplejpeg_and_pil(jpeg) -> None:
+def test_jpeg_decode_matches_codec_and_pil(jpeg) -> None:
     f = decode_image(jpeg)
     assert isinstance(f, Frame) and f.shape == (120, 160, 3)
-    assert np.array_equal(f.numpy(), simplejpeg.decode_jpeg(jpeg))
+    assert np.array_equal(f.numpy(), codec.decode_jpeg(jpeg))
     m, mean = diff(f.to_tensor(), T.PILToTensor()(pil_rgb(jpeg)))
     assert m <= 2 and mean < 0.1
 
@@ -112,7 +112,7 @@ def test_bytes_path_memoryview_identical(tmp_path, jpeg) -> None:
 @pytest.mark.parametrize("size", [(224, 224), (64, 64), (100, 40), (37, 200), 96])
 @pytest.mark.parametrize("fmt", ["JPEG", "PNG"])
 def test_resize_matches_torchvision_resize(rgb, fmt, size) -> None:
-    data = simplejpeg.encode_jpeg(rgb, quality=90) if fmt == "JPEG" else encode(rgb, "PNG")
+    data = codec.encode_jpeg(rgb, quality=90) if fmt == "JPEG" else encode(rgb, "PNG")
     f = decode_image(data, size=size, reducing_gap=None)
     hw = (size, size) if isinstance(size, int) else size
     ref = T.PILToTensor()(T.Resize(hw)(pil_rgb(data)))
@@ -123,7 +123,7 @@ def test_resize_matches_torchvision_resize(rgb, fmt, size) -> None:
 
 def test_dct_scaled_resize_close_to_full(tmp_path) -> None:
     big = smooth_image(600, 800, seed=2)
-    data = simplejpeg.encode_jpeg(big, quality=90)
+    data = codec.encode_jpeg(big, quality=90)
     ref = T.PILToTensor()(T.Resize((64, 96))(pil_rgb(data)))
     # reducing_gap=1 trades accuracy for speed (the last resize is nearly 1:1).
     for gap, (max_limit, mean_limit) in ((1.0, (24, 3.0)), (2.0, (16, 1.5))):
@@ -139,7 +139,7 @@ def test_dct_scaled_resize_close_to_full(tmp_path) -> None:
                                        ((33, 7, 51, 77), (20, 20)), ((5, 150, 100, 10), (50, 5))])
 @pytest.mark.parametrize("fmt", ["JPEG", "PNG"])
 def test_crop_equals_full_decode_then_crop(rgb, crop, size, fmt) -> None:
-    data = simplejpeg.encode_jpeg(rgb, quality=90) if fmt == "JPEG" else encode(rgb, "PNG")
+    data = codec.encode_jpeg(rgb, quality=90) if fmt == "JPEG" else encode(rgb, "PNG")
     top, left, h, w = crop
     full = decode_image(data).numpy()
     got = decode_image(data, crop=crop, size=size, reducing_gap=None).numpy()
@@ -152,7 +152,7 @@ def test_crop_equals_full_decode_then_crop(rgb, crop, size, fmt) -> None:
 
 
 def test_crop_with_dct_scaling_close_to_full_decode_crop() -> None:
-    data = simplejpeg.encode_jpeg(smooth_image(600, 800, seed=3), quality=90)
+    data = codec.encode_jpeg(smooth_image(600, 800, seed=3), quality=90)
     full = Image.fromarray(decode_image(data).numpy())
     for crop, size in [((40, 80, 400, 480), (48, 48)), ((0, 0, 600, 800), (70, 90)), ((17, 33, 301, 377), (40, 50))]:
         top, left, h, w = crop
@@ -187,7 +187,7 @@ def test_random_resized_crop_params_match_torchvision() -> None:
 
 @pytest.mark.parametrize("gap", [None, 1.0, 2.0])
 def test_random_resized_crop_loader_equals_full_decode_crop_resize(gap) -> None:
-    data = simplejpeg.encode_jpeg(smooth_image(600, 800, seed=4), quality=90)
+    data = codec.encode_jpeg(smooth_image(600, 800, seed=4), quality=90)
     full = Image.fromarray(decode_image(data).numpy())
     loader = RandomResizedCropLoader(64, generator=torch.Generator().manual_seed(0), reducing_gap=gap)
     for _ in range(8):

@@ -19,7 +19,7 @@ import threadloader
 from threadloader import ThreadDataLoader
 
 from conftest import wait_no_worker_threads, worker_threads
-from helpers import Failing, Recorder, Sharded, Slow, Squares, to_list
+from helpers import Failing, Recorder, Sharded, Slow, Squares, to_list, worker_torch_generator
 
 
 # --- the constructor is DataLoader's ------------------------------------------------
@@ -268,7 +268,7 @@ def test_worker_info_is_thread_local():
     assert all(len(ids) == 1 for ids in per_thread.values())
     assert torch.utils.data.get_worker_info() is None
     assert threadloader.get_worker_info is torch.utils.data.get_worker_info
-    assert torch.random.thread_safe_generator() is None
+    assert worker_torch_generator() is None
 
 
 def test_worker_init_fn_called_once_per_worker_with_info():
@@ -293,7 +293,7 @@ def test_per_thread_generators_are_seeded_like_workers_and_globals_untouched():
 
         def __getitem__(self, i):
             info = torch.utils.data.get_worker_info()
-            return info.id, torch.randint(0, 2**30, (1,), generator=torch.random.thread_safe_generator()).item()
+            return info.id, torch.randint(0, 2**30, (1,), generator=worker_torch_generator()).item()
 
     torch.manual_seed(0)
     py_state, np_state = random.getstate(), np.random.get_state()

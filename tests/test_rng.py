@@ -345,7 +345,7 @@ def test_torch_seed_functions_in_a_worker():
         out["replay"] = torch.rand(2)
         gen = torch.manual_seed(9)
         out["seeded"] = (torch.initial_seed(), torch.rand(2))
-        out["is_worker_gen"] = gen is torch.random.thread_safe_generator()
+        out["is_worker_gen"] = gen is torch.utils.data.get_worker_info().rng.torch_generator
         with torch.random.fork_rng(devices=[]):
             torch.rand(5)
         out["after_fork"] = torch.rand(2)

@@ -63,7 +63,12 @@ def every_core_busy():
 needs_two_cores = pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="the GIL check needs 2 cores to compare with")
 
 
-def gil_warnings(monkeypatch, machine, seconds: float = 3 * GIL_CHECK_INTERVAL_S + 0.5) -> list:
+def gil_warnings(monkeypatch, machine, seconds: float = 3 * GIL_CHECK_INTERVAL_S + 0.5,
+                 gil: bool | None = True) -> list:
+    # The figures are simulated, and so is the GIL unless ``gil`` is None: on
+    # a free-threaded Python with the GIL off, the check must stay silent.
+    if gil is not None:
+        monkeypatch.setattr(sys, "_is_gil_enabled", lambda: gil, raising=False)
     monkeypatch.setattr(stats, "system_cpu_seconds", machine)
     monkeypatch.setattr(stats, "process_cpu_seconds", one_core)
     loader = ThreadDataLoader(PythonLoop(100_000), batch_size=4, num_workers=2)
@@ -101,8 +106,14 @@ def test_no_gil_warning_when_the_machine_has_no_free_core(monkeypatch):
 
 @needs_two_cores
 def test_no_gil_warning_when_the_gil_is_disabled(monkeypatch):
-    monkeypatch.setattr(sys, "_is_gil_enabled", lambda: False, raising=False)
-    assert gil_warnings(monkeypatch, only_this_process_busy) == []
+    assert gil_warnings(monkeypatch, only_this_process_busy, gil=False) == []
+
+
+@needs_two_cores
+@pytest.mark.skipif(stats.gil_enabled(), reason="needs a free-threaded Python running without the GIL")
+def test_no_gil_warning_on_a_free_threaded_python(monkeypatch):
+    # Not simulated: this interpreter really runs without the GIL.
+    assert gil_warnings(monkeypatch, only_this_process_busy, gil=None) == []
 
 
 def test_system_cpu_seconds_grows_with_work():

@@ -43,6 +43,7 @@ import torch
 from torch.autograd.profiler import record_function
 
 from . import _context, worker
+from ._interpreter import FREE_THREADED_BUILD
 from ._intraop import limit_this_thread
 from ._thread_view import WorkerThreadView
 from ._torch_compat import (
@@ -62,6 +63,10 @@ from .stats import LoaderStats, WorkerCounters
 #: are in. A thread stuck in user code is left to finish on its own (it is a
 #: daemon and exits at its next check); we never wait on it for long.
 JOIN_BUDGET_S = 1.0
+
+#: On a free-threaded build, how often an idle worker thread wakes to free
+#: the objects it made that other threads have dropped (see ``next_job``).
+IDLE_WAKE_S = 0.05
 
 #: Message kinds on the result queue. ``_CRASHED``: a worker process died;
 #: its payload is the message of the RuntimeError the consumer raises.
@@ -108,6 +113,22 @@ class _Shared:
 
     def post(self, gen: int, idx: int, worker_id: int, payload: Any) -> None:
         self.results.put((_DATA, gen, idx, worker_id, payload))
+
+    def next_job(self, worker_id: int) -> Any:
+        """Wait for the worker's next job (a task tuple, or None: stop)."""
+        jobs = self.jobs[worker_id]
+        if not FREE_THREADED_BUILD:
+            return jobs.get()
+        # A free-threaded build frees an object in the thread that made it,
+        # when that thread next runs Python: batches the consumer has dropped
+        # would live as long as their worker stays blocked here (an idle
+        # persistent worker between epochs, a worker whose queue ran dry).
+        # Waking up now and then lets it free them.
+        while True:
+            try:
+                return jobs.get(timeout=IDLE_WAKE_S)
+            except queue.Empty:
+                pass
 
 
 def _where(worker_id: int, what: str) -> str:
@@ -217,7 +238,7 @@ def _map_step(shared: _Shared, cfg: _Config, worker_id: int, init_error: Excepti
     """
     counters = shared.counters[worker_id]
     counters.busy = False
-    job = shared.jobs[worker_id].get()
+    job = shared.next_job(worker_id)
     if job is None or shared.stopping:
         return False
     counters.busy = True
@@ -268,7 +289,7 @@ def _iterable_step(shared: _Shared, cfg: _Config, worker_id: int, replica: _Repl
     """Serve one job (a function so that the batch is not kept while idle). False: stop."""
     counters = shared.counters[worker_id]
     counters.busy = False
-    job = shared.jobs[worker_id].get()
+    job = shared.next_job(worker_id)
     if job is None or shared.stopping:
         return False
     counters.busy = True

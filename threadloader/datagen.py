@@ -127,7 +127,7 @@ def make_imagenet_like(
     Returns:
         ``Path(root)``, ready for ``torchvision.datasets.ImageFolder``.
     """
-    import simplejpeg
+    from .io._codec import jpeg
 
     root = Path(root).expanduser()
     params = dict(
@@ -170,7 +170,7 @@ def make_imagenet_like(
             rng = np.random.default_rng([seed, c, i])
             h, w = _image_size(rng, size)
             pixels = photo_like_image(h, w, rng, grain=grain)
-            data = simplejpeg.encode_jpeg(pixels, quality=quality, colorspace="RGB", colorsubsampling="420")
+            data = jpeg.encode_jpeg(pixels, quality=quality, colorspace="RGB", colorsubsampling="420")
             _write_atomic(cdir / f"{i}.JPEG", data)
             bar.update(1)
     bar.close()

@@ -15,6 +15,8 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
+from ._interpreter import gil_enabled
+
 #: Seconds between checks of whether the workers are GIL-bound.
 GIL_CHECK_INTERVAL_S = 1.0
 
@@ -34,12 +36,6 @@ GIL_WARNING = (
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _TORCH_DATA_DIR = os.sep + os.path.join("torch", "utils", "data") + os.sep
-
-
-def gil_enabled() -> bool:
-    """False only on a free-threaded Python running with the GIL disabled."""
-    is_enabled = getattr(sys, "_is_gil_enabled", None)
-    return True if is_enabled is None else bool(is_enabled())
 
 
 def system_cpu_seconds() -> tuple[float, float] | None:

@@ -56,10 +56,10 @@ def image_problem(path: str | os.PathLike[str]) -> str | None:
     if not data:
         return "empty file"
     if data[:2] == b"\xff\xd8":
-        import simplejpeg
+        from ..io._codec import jpeg
 
         try:
-            simplejpeg.decode_jpeg_header(data)
+            jpeg.decode_jpeg_header(data)
         except ValueError as e:
             return f"corrupt JPEG header ({e})"
         if data.rfind(b"\xff\xd9") <= data.rfind(b"\xff\xda"):

@@ -293,7 +293,7 @@ def _native_frame_calls(
     straight into a slot of a reused batch: the least native work the frame
     path can do, with a loop around it as thin as Python allows.
     """
-    import simplejpeg
+    from threadloader.io._codec import jpeg
     import numpy as np
 
     from threadloader._torch_compat import resize_uint8_channels_last
@@ -304,7 +304,7 @@ def _native_frame_calls(
     buffer = np.empty(0, dtype=np.uint8)
     start = time.perf_counter()
     for i, data in enumerate(datas):
-        height, width = simplejpeg.decode_jpeg_header(data)[:2]
+        height, width = jpeg.decode_jpeg_header(data)[:2]
         kwargs = {}
         for factor in (8, 4, 2):  # decode_image's default reducing_gap of 2
             if height >= h * factor * 2 and width >= w * factor * 2:
@@ -312,7 +312,7 @@ def _native_frame_calls(
                 break
         if buffer.nbytes < height * width * 3:
             buffer = np.empty(height * width * 3, dtype=np.uint8)
-        arr = simplejpeg.decode_jpeg(data, colorspace="RGB", strict=True, buffer=buffer, **kwargs)
+        arr = jpeg.decode_jpeg(data, colorspace="RGB", strict=True, buffer=buffer, **kwargs)
         resize_uint8_channels_last(torch.from_numpy(arr).unsqueeze(0), size, slots[i % batch_size])
     return (time.perf_counter() - start) / max(len(datas), 1)
 

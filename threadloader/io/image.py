@@ -1,6 +1,7 @@
 """Image decoding: a path or encoded bytes to a :class:`~threadloader.Frame`.
 
-JPEGs go through simplejpeg (libjpeg-turbo, releases the GIL), decoded at 1/2,
+JPEGs go through simplejpeg (libjpeg-turbo, releases the GIL; leanjpeg_simple on a
+free-threaded Python, see ``_codec``), decoded at 1/2,
 1/4 or 1/8 scale in the DCT domain when the output is small enough (see
 ``reducing_gap``), and only the crop when one is asked for and TurboJPEG 3 is
 available. Everything else (PNG, palette, grey, RGBA, CMYK, ...) goes through
@@ -22,9 +23,9 @@ import struct
 from typing import Any, Sequence, Union
 
 import numpy as np
-import simplejpeg
 
 from .. import _turbojpeg
+from ._codec import jpeg
 from .._pool import decode_pool
 from ..frames import Frame, _deferred
 
@@ -158,7 +159,7 @@ def _decode_simplejpeg(
     try:
         # strict=True turns libjpeg's recoverable warnings (truncated data,
         # corrupt segments) into errors: never return a half-decoded image.
-        arr = simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=fastdct, fastupsample=fastupsample,
+        arr = jpeg.decode_jpeg(data, colorspace="RGB", fastdct=fastdct, fastupsample=fastupsample,
                                      strict=True, **kwargs)
     except ValueError as e:
         raise _fail(name, f"corrupt or truncated JPEG ({e})") from e
@@ -235,7 +236,7 @@ def _decode_data(
 
 def _jpeg_header(data: Any, name: str) -> tuple:
     try:
-        return simplejpeg.decode_jpeg_header(data)
+        return jpeg.decode_jpeg_header(data)
     except ValueError as e:
         raise _fail(name, f"corrupt JPEG header ({e})") from e
 
