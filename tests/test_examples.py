@@ -116,3 +116,19 @@ def test_core_loader_benchmark_worker_sweep() -> None:
         (1, "unbatched"), (1, "batch 64"), (3, "unbatched"), (3, "batch 64")]
     with pytest.raises(SystemExit):
         load("core_loader_benchmark.py").main(["--workers", "0,2"])
+
+
+def test_free_threaded_benchmark(cache_dir: Path, capsys: pytest.CaptureFixture) -> None:
+    rows = run("free_threaded_benchmark.py", cache_dir, "--workers", "1,2")
+    assert [r["workers"] for r in rows] == [1, 2]
+    assert rows[0]["ratio"] == 1.0 and rows[1]["ratio"] > 0
+    assert {r["interpreter"] for r in rows} == {sys.executable}
+    expect_gil = "on" if rows[0]["gil"] else "off"
+    assert f" {expect_gil} " in capsys.readouterr().out
+
+
+def test_free_threaded_benchmark_items_are_pure_python_and_deterministic() -> None:
+    mod = load("free_threaded_benchmark.py")
+    ds = mod.PythonRecords(10, fields=5)
+    assert [ds[i] for i in range(10)] == [ds[i] for i in range(10)]
+    assert len({ds[i] for i in range(10)}) > 1
