@@ -78,7 +78,7 @@ def test_threadloader_keeps_the_gil_off() -> None:
     code = (
         "import sys, warnings\n"
         "warnings.simplefilter('error', RuntimeWarning)\n"
-        "import numpy as np, threadloader, threadloader.io\n"
+        "import numpy as np, PIL.Image, threadloader, threadloader.io\n"
         "from threadloader import ThreadDataLoader, frame_collate\n"
         "from threadloader.io import decode_image\n"
         "from threadloader.io._codec import jpeg\n"
