@@ -342,12 +342,14 @@ def test_kernel_bound_rate_runs_processes_and_joins_them(small_root) -> None:
 
     files = data.image_files(small_root)
     before = _children_but_resource_tracker()
-    rate, images = measure.kernel_bound_rate(files, 16, 2, seconds=0.2, max_images=4, start_timeout=60)
+    rate, images = measure.kernel_bound_rate(files, 16, 2, seconds=0.1, rounds=2, max_images=4, start_timeout=60)
     assert rate > 0 and 2 <= images <= 2 * 4  # each process did at least one image, at most the cap
     assert not multiprocessing.active_children()
     assert _children_but_resource_tracker() <= before
     with pytest.raises(ValueError):
         measure.kernel_bound_rate(files, 16, 0)
+    with pytest.raises(ValueError):
+        measure.kernel_bound_rate(files, 16, 1, rounds=0)
     with pytest.raises(ValueError):
         measure.kernel_bound_rate([], 16, 1)
 

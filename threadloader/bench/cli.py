@@ -440,8 +440,10 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         os.replace(partial, out / ("bench.log" if done else "bench-failed.log"))
 
 
-#: Timed run per process of the kernel-bound measurement, and a cap on images per process (None: none).
-_KERNEL_BOUND_RUN: dict[str, tuple[float, int | None]] = {"full": (3.0, None), "quick": (2.0, None), "smoke": (0.5, 16)}
+#: The kernel-bound measurement per mode: seconds per round, rounds (the best is kept), images cap per process and round.
+_KERNEL_BOUND_RUN: dict[str, tuple[float, int, int | None]] = {
+    "full": (2.0, 3, None), "quick": (1.0, 3, None), "smoke": (0.25, 2, 8),
+}
 
 
 def _kernel_bounds(
@@ -453,12 +455,12 @@ def _kernel_bounds(
         ``(rates, errors)``: k -> ``(img/s, images)`` and, for a measurement
         that failed, k -> its one-line error (also printed on stderr).
     """
-    seconds, cap = _KERNEL_BOUND_RUN[s["mode"]]
+    seconds, rounds, cap = _KERNEL_BOUND_RUN[s["mode"]]
     rates: dict[int, tuple[float, int]] = {}
     errors: dict[int, str] = {}
     for k in sorted({min(w, cores) for w in s["workers"]}):
         try:
-            rates[k] = kernel_bound_rate(files, s["size"], k, seconds=seconds, max_images=cap)
+            rates[k] = kernel_bound_rate(files, s["size"], k, seconds=seconds, rounds=rounds, max_images=cap)
             log.info("kernel bound with %d processes: %.1f img/s over %d images", k, *rates[k])
         except BenchError as e:
             errors[k] = str(e)

@@ -248,13 +248,13 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _kernel_bound_child(
-    rank: int, processes: int, files: Sequence[str], size: int, seconds: float, max_images: int | None,
-    start_timeout: float, barrier: Any, results: Any, parent_pid: int,
+    rank: int, processes: int, files: Sequence[str], size: int, seconds: float, rounds: int,
+    max_images: int | None, start_timeout: float, barrier: Any, results: Any, parent_pid: int,
 ) -> None:
-    """One process of :func:`kernel_bound_rate`: warm up, wait for the others, run the kernel, report.
+    """One process of :func:`kernel_bound_rate`: warm up, then per round wait for the others and run the kernel.
 
-    Reports exactly one ``(rank, images, seconds, error)`` on ``results``;
-    ``error`` is None, a one-line description of what failed, or
+    Reports exactly one ``(rank, [(images, seconds) per round], error)`` on
+    ``results``; ``error`` is None, a one-line description of what failed, or
     ``_BARRIER_BROKEN``. A failing child reports before it breaks the barrier,
     so that the parent hears the cause before the others' echoes.
     """
@@ -266,24 +266,31 @@ def _kernel_bound_child(
         offset = rank * len(files) // processes  # each starts elsewhere, so the k do not read the same file
         kernel(files[offset % len(files)])  # first-call costs (imports, allocator) are not the kernel's
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises it as one line
-        results.put((rank, 0, 0.0, _first_line(exc)))
+        results.put((rank, [], _first_line(exc)))
         barrier.abort()
         return
-    try:
-        barrier.wait(start_timeout)
-    except threading.BrokenBarrierError:
-        results.put((rank, 0, 0.0, _BARRIER_BROKEN))
-        return
-    try:
-        n, start = 0, time.perf_counter()
-        while (n == 0 or time.perf_counter() - start < seconds) and (max_images is None or n < max_images):
-            if os.getppid() != parent_pid:
-                return  # the parent is gone: nobody reads the result, and no orphan keeps running
-            kernel(files[(offset + n) % len(files)])
-            n += 1
-        results.put((rank, n, time.perf_counter() - start, None))
-    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises it as one line
-        results.put((rank, 0, 0.0, _first_line(exc)))
+    timed: list[tuple[int, float]] = []
+    n = 0
+    for _ in range(rounds):
+        try:
+            barrier.wait(start_timeout)  # all start each round together
+        except threading.BrokenBarrierError:
+            results.put((rank, [], _BARRIER_BROKEN))
+            return
+        try:
+            done, start = 0, time.perf_counter()
+            while (done == 0 or time.perf_counter() - start < seconds) and (max_images is None or done < max_images):
+                if os.getppid() != parent_pid:
+                    return  # the parent is gone: nobody reads the result, and no orphan keeps running
+                kernel(files[(offset + n) % len(files)])
+                n += 1
+                done += 1
+            timed.append((done, time.perf_counter() - start))
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises it as one line
+            results.put((rank, [], _first_line(exc)))
+            barrier.abort()
+            return
+    results.put((rank, timed, None))
 
 
 def kernel_bound_rate(
@@ -291,7 +298,8 @@ def kernel_bound_rate(
     size: int,
     processes: int,
     *,
-    seconds: float = 3.0,
+    seconds: float = 1.0,
+    rounds: int = 3,
     max_images: int | None = None,
     start_timeout: float = 120.0,
 ) -> tuple[float, int]:
@@ -299,34 +307,37 @@ def kernel_bound_rate(
 
     Each process (spawned, so it inherits no thread or OpenMP state) sets
     torch to one thread, builds ``FrameLoader((size, size), eager=True)``,
-    warms up on one file, waits until all are ready, then decodes and resizes
-    ``files`` (cycled, each from a different offset) for ``seconds`` (at
-    least one image, at most ``max_images``). All ran concurrently for the
-    same time, so the sum of the per-process rates is what the hardware gives
-    ``processes`` workers running nothing but the kernel, memory-bandwidth and
-    cache contention included.
+    warms up on one file, then, ``rounds`` times, waits until all are ready
+    and decodes and resizes ``files`` (cycled, each from a different offset)
+    for ``seconds`` (at least one image, at most ``max_images``). In a round
+    all ran concurrently for the same time, so the sum of the per-process
+    rates is what the hardware gives ``processes`` workers running nothing but
+    the kernel, memory-bandwidth and cache contention included. The best
+    round counts: other work on the machine slows a round, never speeds it up.
 
     Args:
         files: image files.
         size: output side.
         processes: how many processes run at once.
-        seconds: timed run per process.
-        max_images: cap per process (None: time alone bounds the run).
-        start_timeout: seconds for all processes to start and warm up.
+        seconds: timed run per round.
+        rounds: timed runs (the best one is kept).
+        max_images: cap per process and round (None: time alone bounds it).
+        start_timeout: seconds for all processes to start and warm up (and
+            for each round's start).
 
     Returns:
-        ``(img/s summed over the processes, images timed in all)``.
+        ``(img/s summed over the processes, images they timed in that round)``.
 
     Raises:
-        ValueError: ``processes < 1`` or no files.
+        ValueError: ``processes`` or ``rounds`` below 1, or no files.
         BenchError: a process failed (its error, one line), died, or the
             processes did not all start in time. Every process is stopped and
             joined before this returns or raises, Ctrl-C included.
     """
     from threadloader.bench.data import BenchError
 
-    if processes < 1:
-        raise ValueError(f"processes must be >= 1; got {processes}")
+    if processes < 1 or rounds < 1:
+        raise ValueError(f"processes and rounds must be >= 1; got {processes} and {rounds}")
     if not files:
         raise ValueError("kernel_bound_rate needs at least one file")
     import torch.multiprocessing as tmp
@@ -338,22 +349,23 @@ def kernel_bound_rate(
     procs = [
         ctx.Process(
             target=_kernel_bound_child, name=f"threadloader-kernel-bound-{rank}", daemon=True,
-            args=(rank, processes, paths, size, seconds, max_images, start_timeout, barrier, results, os.getpid()),
+            args=(rank, processes, paths, size, seconds, rounds, max_images, start_timeout, barrier, results,
+                  os.getpid()),
         )
         for rank in range(processes)
     ]
-    what = f"kernel bound ({processes} processes)"
-    done: dict[int, tuple[int, float]] = {}
+    what = f"kernel bound ({processes} process{'es' if processes > 1 else ''})"
+    done: dict[int, list[tuple[int, float]]] = {}
     broken: set[int] = set()
     try:
         for p in procs:
             p.start()
-        # Start-up, warm-up and the run; past this something is stuck (the barrier's own timeout is shorter).
-        limit = start_timeout + seconds + 60.0
+        # Start-up, warm-up and the runs; past this something is stuck (each barrier wait times out sooner).
+        limit = start_timeout + rounds * (seconds + start_timeout) + 60.0
         deadline = time.monotonic() + limit
         while len(done) + len(broken) < processes:
             try:
-                rank, n, elapsed, error = results.get(timeout=0.2)
+                rank, timed, error = results.get(timeout=0.2)
             except queue.Empty:
                 silent = [p for r, p in enumerate(procs) if r not in done and r not in broken and p.exitcode is not None]
                 if silent:
@@ -367,7 +379,7 @@ def kernel_bound_rate(
             elif error is not None:
                 raise BenchError(f"{what}: process {rank} failed: {error}")
             else:
-                done[rank] = (n, elapsed)
+                done[rank] = timed
         if broken:
             raise BenchError(f"{what}: the processes did not all start and warm up within {start_timeout:g} s")
     finally:
@@ -382,8 +394,11 @@ def kernel_bound_rate(
                     p.join()
         results.close()
         results.join_thread()
-    rate = sum(n / elapsed for n, elapsed in done.values() if elapsed > 0)
-    return rate, sum(n for n, _ in done.values())
+    per_round = [
+        (sum(t[i][0] / t[i][1] for t in done.values() if t[i][1] > 0), sum(t[i][0] for t in done.values()))
+        for i in range(rounds)
+    ]
+    return max(per_round)
 
 
 def kernel_bound_rows(
@@ -406,7 +421,7 @@ def kernel_bound_rows(
 
     Returns:
         One row per config and worker count (``images``: the images the
-        measurement timed, all processes together).
+        measurement timed, all processes together, in its best round).
     """
     cores = cores or os.cpu_count() or 1
     rows = []
