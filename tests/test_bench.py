@@ -333,8 +333,14 @@ def _children_but_resource_tracker() -> set[int]:
     import psutil
 
     # spawn's resource tracker is started once per parent and lives as long as it: not ours to join.
-    return {c.pid for c in psutil.Process().children(recursive=True)
-            if "resource_tracker" not in " ".join(c.cmdline())}
+    pids = set()
+    for c in psutil.Process().children(recursive=True):
+        try:
+            if c.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(c.cmdline()):
+                pids.add(c.pid)
+        except psutil.NoSuchProcess:  # ended while listed
+            pass
+    return pids
 
 
 def test_kernel_bound_rate_runs_processes_and_joins_them(small_root) -> None:

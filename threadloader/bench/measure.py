@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.multiprocessing
 
+from threadloader.bench.data import BenchError
 from threadloader.bench.pipelines import BASELINE, CONFIGS, KERNEL_BOUND, LOADERS, build_loader
 
 __all__ = [
@@ -334,15 +336,12 @@ def kernel_bound_rate(
             processes did not all start in time. Every process is stopped and
             joined before this returns or raises, Ctrl-C included.
     """
-    from threadloader.bench.data import BenchError
-
     if processes < 1 or rounds < 1:
         raise ValueError(f"processes and rounds must be >= 1; got {processes} and {rounds}")
     if not files:
         raise ValueError("kernel_bound_rate needs at least one file")
-    import torch.multiprocessing as tmp
-
-    ctx = tmp.get_context("spawn")
+    # spawn: a fresh interpreter per process, so no parent thread, lock or OpenMP pool is inherited.
+    ctx = torch.multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(processes)
     results = ctx.Queue()
     paths = [os.fspath(f) for f in files]
