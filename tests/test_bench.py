@@ -294,12 +294,86 @@ def test_python_time_per_image(small_root) -> None:
     assert measure.python_time_per_image(small_root, [], size=32, batch_size=4) is None
 
 
-def test_kernel_bound_rows_are_labelled_estimates() -> None:
-    rows = measure.kernel_bound_rows(["batch"], [1, 2, 4], 100.0, 64, cores=2,
+def test_kernel_bound_rows_are_measured_per_process_count() -> None:
+    rates = {1: (100.0, 50), 2: (180.0, 90)}
+    rows = measure.kernel_bound_rows(["batch", "normalize"], [1, 2, 4], rates, cores=2,
                                      baselines={(bench.CONFIGS["batch"], 2): 50.0})
-    assert [r["img/s"] for r in rows] == [100.0, 200.0, 200.0]  # capped at the cores
-    assert all("estimate" in r["note"] for r in rows)
-    assert rows[1]["ratio"] == 4.0 and rows[0]["ratio"] is None
+    assert [(r["config"], r["workers"]) for r in rows] == [
+        (bench.CONFIGS[c], w) for c in ("batch", "normalize") for w in (1, 2, 4)]
+    assert [r["img/s"] for r in rows] == [100.0, 180.0, 180.0] * 2  # k = min(workers, cores), reused
+    assert [r["images"] for r in rows] == [50, 90, 90] * 2
+    assert all(r["loader"] == pipelines.KERNEL_BOUND for r in rows)
+    assert rows[0]["note"] == "measured: 1 independent process, 1 thread each, kernel alone"
+    assert rows[2]["note"] == "measured: 2 independent processes, 1 thread each, kernel alone"
+    assert not any("estimate" in r["note"] for r in rows)
+    assert rows[1]["ratio"] == 3.6 and rows[0]["ratio"] is None
+    failed = measure.kernel_bound_rows(["batch"], [1, 4], {1: (100.0, 50)}, cores=2, errors={2: "it broke"})
+    assert failed[0]["img/s"] == 100.0
+    assert failed[1]["img/s"] is None and failed[1]["note"] == "failed: it broke"
+
+
+def test_the_bench_measures_each_process_count_once(monkeypatch, capsys) -> None:
+    calls = []
+
+    def fake(files, size, processes, **kwargs):
+        calls.append(processes)
+        if processes == 4:
+            raise bench.BenchError("kernel bound (4 processes): process 3 failed: OSError: boom")
+        return 10.0 * processes, 7
+
+    monkeypatch.setattr(cli, "kernel_bound_rate", fake)
+    s = {"mode": "smoke", "size": 16, "workers": [1, 2, 3, 4, 8]}
+    rates, errors = cli._kernel_bounds([Path("x.jpg")], s, cores=4)
+    assert calls == [1, 2, 3, 4]  # 8 workers share the measurement of 4 (the cores)
+    assert rates == {1: (10.0, 7), 2: (20.0, 7), 3: (30.0, 7)} and "OSError: boom" in errors[4]
+    assert "warning: kernel bound (4 processes)" in capsys.readouterr().err
+
+
+def _children_but_resource_tracker() -> set[int]:
+    import psutil
+
+    # spawn's resource tracker is started once per parent and lives as long as it: not ours to join.
+    pids = set()
+    for c in psutil.Process().children(recursive=True):
+        try:
+            if c.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(c.cmdline()):
+                pids.add(c.pid)
+        except psutil.NoSuchProcess:  # ended while listed
+            pass
+    return pids
+
+
+def test_kernel_bound_rate_runs_processes_and_joins_them(small_root) -> None:
+    import multiprocessing
+
+    files = data.image_files(small_root)
+    before = _children_but_resource_tracker()
+    rate, images = measure.kernel_bound_rate(files, 16, 2, seconds=0.1, rounds=2, max_images=4, start_timeout=60)
+    assert rate > 0 and 2 <= images <= 2 * 4  # each process did at least one image, at most the cap
+    assert not multiprocessing.active_children()
+    assert _children_but_resource_tracker() <= before
+    with pytest.raises(ValueError):
+        measure.kernel_bound_rate(files, 16, 0)
+    with pytest.raises(ValueError):
+        measure.kernel_bound_rate(files, 16, 1, rounds=0)
+    with pytest.raises(ValueError):
+        measure.kernel_bound_rate([], 16, 1)
+
+
+def test_kernel_bound_rate_failure_is_one_line_not_a_hang(tmp_path) -> None:
+    import multiprocessing
+
+    for name in ("a.jpg", "b.jpg"):
+        (tmp_path / name).write_text("not an image")
+    before = _children_but_resource_tracker()
+    with pytest.raises(bench.BenchError) as exc:
+        # A hang at the start barrier would end after start_timeout with another message.
+        measure.kernel_bound_rate(sorted(tmp_path.iterdir()), 16, 2, seconds=0.2, start_timeout=60)
+    message = str(exc.value)
+    assert "\n" not in message and message.startswith("kernel bound (2 processes): process ")
+    assert "failed: ImageDecodeError" in message and ".jpg" in message
+    assert not multiprocessing.active_children()
+    assert _children_but_resource_tracker() <= before
 
 
 # ----------------------------------------------------------------------------- report
@@ -315,7 +389,7 @@ ROWS = [
     {"config": "2 +batching", "workers": 2, "loader": "ThreadDataLoader", "img/s": 450.0, "first_batch_s": 0.02,
      "images": 64, "ratio": 2.5, "note": ""},
     {"config": "2 +batching", "workers": 2, "loader": "kernel bound", "img/s": 500.0, "first_batch_s": None,
-     "images": 64, "ratio": 2.78, "note": "estimate"},
+     "images": 64, "ratio": 2.78, "note": "measured: 2 independent processes, 1 thread each, kernel alone"},
 ]
 
 

@@ -12,8 +12,9 @@ Rows: DataLoader with the classic PIL + torchvision pipeline in worker
 processes; DataLoader's processes running the frame kernel (``decode_image`` +
 ``frame_collate``); ThreadDataLoader running that kernel in threads; the same
 spread over ``worker_processes=P`` child processes (where ThreadDataLoader has
-that keyword); and the kernel bound, an estimate: the kernel's single-thread
-rate times min(workers, cores). Worker counts go up to twice the cores.
+that keyword); and the kernel bound, measured: the kernel alone in k =
+min(workers, cores) independent processes at once, one thread each, their
+rates summed. Worker counts go up to twice the cores.
 
 Throughput is warm: the first ``--warmup`` batches (worker start-up, first
 reads) are not timed; the time to the first batch is reported on its own.

@@ -29,13 +29,12 @@ from threadloader.bench.data import (
     image_files,
     prepare_dataset,
 )
-from threadloader.bench.measure import kernel_bound_rows, kernel_rate, python_time_per_image, run_comparison
+from threadloader.bench.measure import kernel_bound_rate, kernel_bound_rows, python_time_per_image, run_comparison
 from threadloader.bench.pipelines import (
     ALL_LOADERS,
     BASELINE,
     CONFIGS,
     THREADS_IN_PROCESSES,
-    FrameLoader,
     import_torchvision,
     supports_worker_processes,
 )
@@ -410,9 +409,10 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 if rows:
                     print(format_table(rows, COLUMNS))
                 raise
-        rate, counted = kernel_rate(files, FrameLoader((s["size"], s["size"]), eager=True), images=max(2 * s["batch_size"], 64))
+        cores = os.cpu_count() or 1
+        rates, errors = _kernel_bounds(files, s, cores)
         baselines = {(r["config"], r["workers"]): r["img/s"] for r in rows if r["loader"] == BASELINE}
-        for row in kernel_bound_rows(s["configs"], s["workers"], rate, counted, baselines=baselines):
+        for row in kernel_bound_rows(s["configs"], s["workers"], rates, cores, baselines=baselines, errors=errors):
             rows.append(row)
             csv_rows(row)
             log.info("kernel bound %s", row)
@@ -438,6 +438,35 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         log.removeHandler(handler)
         handler.close()
         os.replace(partial, out / ("bench.log" if done else "bench-failed.log"))
+
+
+#: The kernel-bound measurement per mode: seconds per round, rounds (the best is kept), images cap per process and round.
+_KERNEL_BOUND_RUN: dict[str, tuple[float, int, int | None]] = {
+    "full": (2.0, 3, None), "quick": (1.0, 3, None), "smoke": (0.25, 2, 8),
+}
+
+
+def _kernel_bounds(
+    files: list[Path], s: dict[str, Any], cores: int
+) -> tuple[dict[int, tuple[float, int]], dict[int, str]]:
+    """Measure the kernel alone in k processes once per distinct k = min(workers, cores).
+
+    Returns:
+        ``(rates, errors)``: k -> ``(img/s, images)`` and, for a measurement
+        that failed, k -> its one-line error (also printed on stderr).
+    """
+    seconds, rounds, cap = _KERNEL_BOUND_RUN[s["mode"]]
+    rates: dict[int, tuple[float, int]] = {}
+    errors: dict[int, str] = {}
+    for k in sorted({min(w, cores) for w in s["workers"]}):
+        try:
+            rates[k] = kernel_bound_rate(files, s["size"], k, seconds=seconds, rounds=rounds, max_images=cap)
+            log.info("kernel bound with %d processes: %.1f img/s over %d images", k, *rates[k])
+        except BenchError as e:
+            errors[k] = str(e)
+            log.error("%s", e)
+            print(f"{PROG}: warning: {e}", file=sys.stderr)
+    return rates, errors
 
 
 def import_torchvision_or_fail() -> None:
