@@ -32,7 +32,6 @@ import os
 import statistics
 import subprocess
 import sys
-import sysconfig
 import time
 import zlib
 from pathlib import Path
@@ -75,12 +74,9 @@ def measure(workers: int, items: int, fields: int, batch_size: int | None) -> fl
 
 def describe() -> dict[str, Any]:
     """This interpreter: version, build and whether the GIL is on now."""
-    is_enabled = getattr(sys, "_is_gil_enabled", None)
-    return {
-        "python": sys.version.split()[0],
-        "free_threaded": bool(sysconfig.get_config_var("Py_GIL_DISABLED")),
-        "gil": True if is_enabled is None else bool(is_enabled()),
-    }
+    from threadloader._interpreter import FREE_THREADED_BUILD, gil_enabled
+
+    return {"python": sys.version.split()[0], "free_threaded": FREE_THREADED_BUILD, "gil": gil_enabled()}
 
 
 def child(workers: list[int], items: int, fields: int, batch_size: int | None) -> dict[str, Any]:

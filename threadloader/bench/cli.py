@@ -29,7 +29,7 @@ from threadloader.bench.data import (
     image_files,
     prepare_dataset,
 )
-from threadloader.bench.measure import kernel_bound_rate, kernel_bound_rows, python_time_per_image, run_comparison
+from threadloader.bench.measure import error_line, kernel_bound_rate, kernel_bound_rows, python_time_per_image, run_comparison
 from threadloader.bench.pipelines import (
     ALL_LOADERS,
     BASELINE,
@@ -333,8 +333,7 @@ def _on_error(files: list[Path]) -> Any:
             raise BenchError(
                 f"bad image file {path}: {reason}{more}; rerun with --skip-bad-files to leave unreadable files out"
             ) from None
-        first = (str(exc).strip().splitlines() or [""])[0]
-        return f"failed: {type(exc).__name__}: {first}"[:200]
+        return f"failed: {error_line(exc)}"[:200]
 
     return handle
 

@@ -22,6 +22,7 @@ __all__ = [
     "Measurement",
     "compare_loaders",
     "count_images",
+    "error_line",
     "kernel_bound_rate",
     "kernel_bound_rows",
     "make_row",
@@ -244,7 +245,8 @@ def run_comparison(
 _BARRIER_BROKEN = "barrier broken"
 
 
-def _first_line(exc: BaseException) -> str:
+def error_line(exc: BaseException) -> str:
+    """``"TypeName: first line of the message"`` (just the type name when the message is empty)."""
     text = (str(exc).strip().splitlines() or [""])[0]
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
@@ -268,7 +270,7 @@ def _kernel_bound_child(
         offset = rank * len(files) // processes  # each starts elsewhere, so the k do not read the same file
         kernel(files[offset % len(files)])  # first-call costs (imports, allocator) are not the kernel's
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises it as one line
-        results.put((rank, [], _first_line(exc)))
+        results.put((rank, [], error_line(exc)))
         barrier.abort()
         return
     timed: list[tuple[int, float]] = []
@@ -289,7 +291,7 @@ def _kernel_bound_child(
                 done += 1
             timed.append((done, time.perf_counter() - start))
         except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises it as one line
-            results.put((rank, [], _first_line(exc)))
+            results.put((rank, [], error_line(exc)))
             barrier.abort()
             return
     results.put((rank, timed, None))
