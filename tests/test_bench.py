@@ -286,12 +286,37 @@ def test_build_loader_rejects_unknown() -> None:
 def test_python_time_per_image(small_root) -> None:
     require_torchvision()
     files = data.image_files(small_root)
-    pt = measure.python_time_per_image(small_root, files, size=32, batch_size=4, images=8)
-    assert pt is not None and pt["images"] == 8
-    assert pt["path_us"] > 0 and pt["native_us"] > 0
-    assert pt["python_us"] == pytest.approx(pt["path_us"] - pt["native_us"])
-    assert "us of native calls" in report.format_python_time(pt)
-    assert measure.python_time_per_image(small_root, [], size=32, batch_size=4) is None
+    pt = measure.python_time_per_image(small_root, files, size=32, batch_size=4, images=8, rounds=2)
+    assert pt is not None and pt["images"] >= 8 and pt["data_images"] == 8
+    for prefix in ("", "data_"):
+        assert pt[prefix + "path_us"] > 0 and pt[prefix + "native_us"] > 0
+        assert pt[prefix + "python_us"] == pytest.approx(pt[prefix + "path_us"] - pt[prefix + "native_us"])
+    assert pt["data_native_spread_us"] >= 0
+    text = report.format_python_time(pt)
+    assert "us of its native calls" in text and "on this run's JPEGs (8)" in text
+    # No JPEG in the data: the small-image figure alone.
+    only_small = measure.python_time_per_image(small_root, [], size=32, batch_size=4, images=8, rounds=1)
+    assert only_small is not None and "data_python_us" not in only_small
+    assert "this run's JPEGs" not in report.format_python_time(only_small)
+    assert report.format_python_time(None) == "Python time per image: not measured"
+
+
+def test_native_frame_calls_do_the_frame_paths_work(small_root, monkeypatch) -> None:
+    """The native loop decodes every file at decode_image's scale and resizes it (not a no-op)."""
+    from threadloader.io import decode_image
+
+    files = [str(f) for f in data.image_files(small_root) if f.suffix.lower() in (".jpg", ".jpeg")][:3]
+    seen = []
+    real = torch.from_numpy
+
+    def spy(arr):
+        seen.append(arr.shape[2:])  # (1, C, H, W): the decoded image handed to the resize
+        return real(arr)
+
+    monkeypatch.setattr(torch, "from_numpy", spy)
+    assert measure._native_frame_calls(files, (32, 32), 2) > 0
+    monkeypatch.undo()
+    assert seen == [decode_image(f, size=(32, 32))._state[0].shape[:2] for f in files]
 
 
 def test_kernel_bound_rows_are_measured_per_process_count() -> None:

@@ -249,7 +249,10 @@ def test_bad_input_errors_name_source_and_reason(case, jpeg, rgb, tmp_path) -> N
     data, reason = _bad_inputs(jpeg, encode(rgb, "PNG"))[case]
     p = tmp_path / f"{case}.img"
     p.write_bytes(data)
-    for src, name in [(p, str(p)), (data, f"<bytes of length {len(data)}>")]:
+    sources = [(p, repr(str(p))), (str(p), repr(str(p))), (data, f"<bytes of length {len(data)}>"),
+               (bytearray(data), f"<bytes of length {len(data)}>"),
+               (memoryview(data), f"<bytes of length {len(data)}>")]
+    for src, name in sources:
         # The crop loader is asked for the whole image: a crop decode reads the
         # file only down to the crop's last row (see test_crop_decode_reads_only_what_it_needs).
         whole = RandomResizedCropLoader(8, scale=(1.0, 1.0), ratio=(160 / 120, 160 / 120))

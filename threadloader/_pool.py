@@ -77,24 +77,25 @@ class BufferPool:
         built on it (views, tensors, arrays decoded into it) are gone.
         """
         capacity = max(-(-nbytes // self.granule) * self.granule, 1)
-        block = None
+        # One lock round for the whole loan: this runs once per decoded image.
         with self._lock:
+            block = None
             free = self._free
             for i in range(len(free) - 1, -1, -1):  # newest first: warmest in cache
                 if free[i][0] == capacity:
                     block = free.pop(i)[1]
                     break
-        if block is None:
-            block = np.empty(capacity, dtype=np.uint8)
-        # A new memoryview per loan, and the array over it: the weak reference
-        # watches the memoryview numpy keeps as the array's base. numpy collapses a view's base to the first
-        # object that is not a view-array, so every array made from this one
-        # (by slicing, or by a decoder writing into it) holds this memoryview,
-        # and so does torch's storage of a tensor made from it; it dies only
-        # when all of them are gone.
-        lent = np.frombuffer(memoryview(block)[:nbytes], dtype=np.uint8)
-        ref = weakref.ref(lent.base, self._give_back)  # numpy's own memoryview of it
-        with self._lock:
+            if block is None:
+                block = np.empty(capacity, dtype=np.uint8)
+            # A new memoryview per loan, and the array over it: the weak
+            # reference watches the memoryview numpy keeps as the array's base.
+            # numpy collapses a view's base to the first object that is not a
+            # view-array, so every array made from this one (by slicing, or by
+            # a decoder writing into it) holds this memoryview, and so does
+            # torch's storage of a tensor made from it; it dies only when all
+            # of them are gone.
+            lent = np.frombuffer(memoryview(block)[:nbytes], dtype=np.uint8)
+            ref = weakref.ref(lent.base, self._give_back)  # numpy's own memoryview of it
             self._lent[id(ref)] = (ref, capacity, block)
         return lent
 

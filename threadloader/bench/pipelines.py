@@ -30,6 +30,8 @@ from typing import Any, Callable
 
 import torch
 
+from threadloader.io import decode_image
+
 __all__ = [
     "ALL_LOADERS",
     "BASELINE",
@@ -123,8 +125,6 @@ class FrameLoader:
         self.eager = eager
 
     def __call__(self, path: str) -> Any:
-        from threadloader.io import decode_image
-
         frame = decode_image(path, size=self.size)
         if self.eager:
             frame.numpy()  # runs the pending resize now, in the worker

@@ -184,14 +184,23 @@ def _pack(items: Sequence[str], width: int) -> list[str]:
 
 
 def format_python_time(pt: dict[str, float] | None) -> str:
-    """One line on the frame path's Python time per image (from ``measure.python_time_per_image``)."""
-    if pt is None:
-        return "Python time per image: not measured (no JPEG in the data)"
-    return (
-        f"Python time per image (frame path, 1 thread, {pt['images']:.0f} images): "
-        f"{pt['path_us']:.1f} us through ThreadDataLoader - {pt['native_us']:.1f} us of native calls "
-        f"(simplejpeg decode into a reused buffer + torch resize into the batch) = {pt['python_us']:.1f} us"
-    )
+    """The frame path's Python time per image (from ``measure.python_time_per_image``), two lines at most."""
+    if not pt:
+        return "Python time per image: not measured"
+    lines = []
+    if "python_us" in pt:
+        lines.append(
+            f"Python time per image (frame path, 1 thread, {pt['images']:.0f} small JPEGs): "
+            f"{pt['path_us']:.1f} us through ThreadDataLoader - {pt['native_us']:.1f} us of its native calls "
+            f"(file read, simplejpeg decode, torch resize into the batch) = {pt['python_us']:.1f} us"
+        )
+    if "data_python_us" in pt:
+        lines.append(
+            f"  the same on this run's JPEGs ({pt['data_images']:.0f}): {pt['data_path_us']:.1f} - "
+            f"{pt['data_native_us']:.1f} = {pt['data_python_us']:.1f} us (the native time varied by "
+            f"{pt['data_native_spread_us']:.1f} us between rounds)"
+        )
+    return "\n".join(lines)
 
 
 def build_figure(rows: Sequence[dict[str, Any]], meta: dict[str, Any], title: str | None = None) -> Any:

@@ -146,14 +146,14 @@ class RandomResizedCropLoader:
         Returns:
             ``(frame, (top, left, height, width))`` in source pixels.
         """
-        data, name = _read_source(source)
-        height, width = _size_of(data, name)
+        data = _read_source(source)
+        height, width = _size_of(data, source)
         crop = self.get_params(height, width)
         if self.reducing_gap and _is_jpeg(data):
-            factor = _dct_factor(crop[2:], self.size, self.reducing_gap)
+            factor = _dct_factor(crop[2], crop[3], self.size, self.reducing_gap)
             if factor > 1:
                 crop = _snap(crop, factor, height, width)
-        frame = _decode_data(data, name, self.size, crop, self.reducing_gap, self.fastdct, self.fastupsample)
+        frame = _decode_data(data, source, self.size, crop, self.reducing_gap, self.fastdct, self.fastupsample)
         return frame, crop
 
     def __repr__(self) -> str:

@@ -40,29 +40,39 @@ class ImageDecodeError(ValueError):
 
 # --- sources -------------------------------------------------------------------
 
-def _read_source(source: Any) -> tuple[Any, str]:
-    """The encoded bytes of ``source`` and a name for error messages."""
+def _read_source(source: Any) -> Any:
+    """The encoded bytes of ``source`` (a path or a bytes-like object)."""
     if type(source) is bytes:  # the common in-memory case, first and cheapest
-        return source, f"<bytes of length {len(source)}>"
+        return source
     if isinstance(source, (str, os.PathLike)):
-        name = os.fsdecode(source)
         # FileNotFoundError / IsADirectoryError / PermissionError name the path.
         with open(source, "rb") as f:
-            return f.read(), repr(name)
+            return f.read()
     if isinstance(source, (bytes, bytearray, memoryview, np.ndarray)):
         data = memoryview(source)
         if data.ndim != 1 or data.itemsize != 1:
             data = data.cast("B")
-        return data, f"<bytes of length {data.nbytes}>"
+        return data
     raise TypeError(f"expected a path or bytes-like object, got {type(source).__name__}")
 
 
+def _describe(source: Any) -> str:
+    """``source`` as error messages name it: the path's repr, or ``<bytes of length N>``.
+
+    Built only when a message needs it: the successful path formats nothing.
+    """
+    if isinstance(source, (str, os.PathLike)):
+        return repr(os.fsdecode(source))
+    return f"<bytes of length {memoryview(source).nbytes}>"
+
+
 def _is_jpeg(data: Any) -> bool:
-    return len(data) >= 3 and bytes(data[:3]) == b"\xff\xd8\xff"
+    return data[:3] == b"\xff\xd8\xff" if type(data) is bytes else (
+        len(data) >= 3 and bytes(data[:3]) == b"\xff\xd8\xff")
 
 
-def _fail(name: str, reason: str) -> ImageDecodeError:
-    return ImageDecodeError(f"cannot decode image {name}: {reason}")
+def _fail(source: Any, reason: str) -> ImageDecodeError:
+    return ImageDecodeError(f"cannot decode image {_describe(source)}: {reason}")
 
 
 # --- geometry ------------------------------------------------------------------
@@ -87,24 +97,24 @@ class _CropOutsideImage(ValueError):
     pass
 
 
-def _check_crop(crop: Sequence[int], height: int, width: int, name: str) -> tuple[int, int, int, int]:
+def _check_crop(crop: Sequence[int], height: int, width: int, src: Any) -> tuple[int, int, int, int]:
     top, left, h, w = (int(v) for v in crop)
     if h <= 0 or w <= 0 or top < 0 or left < 0 or top + h > height or left + w > width:
         raise _CropOutsideImage(
-            f"crop (top={top}, left={left}, height={h}, width={w}) does not fit in image {name} "
+            f"crop (top={top}, left={left}, height={h}, width={w}) does not fit in image {_describe(src)} "
             f"of size {height}x{width} (HxW)"
         )
     return top, left, h, w
 
 
-def _dct_factor(crop_hw: tuple[int, int], size: tuple[int, int], reducing_gap: float) -> int:
+def _dct_factor(crop_h: int, crop_w: int, size: tuple[int, int], reducing_gap: float) -> int:
     # libjpeg-turbo scales by n/8; only 1/2, 1/4 and 1/8 have SIMD IDCTs, so
     # those are the only ones used. As Pillow's ``reducing_gap``: the scaled
     # crop stays >= reducing_gap x size, so the final antialiased resize still
     # does real filtering and the crop-edge rounding (< 1/2 scaled pixel) is
     # < 1/(2 x reducing_gap) output pixel.
     for factor in (8, 4, 2):
-        if crop_hw[0] >= size[0] * factor * reducing_gap and crop_hw[1] >= size[1] * factor * reducing_gap:
+        if crop_h >= size[0] * factor * reducing_gap and crop_w >= size[1] * factor * reducing_gap:
             return factor
     return 1
 
@@ -132,12 +142,16 @@ def _scaled_box(crop: tuple[int, int, int, int], sy: float, sx: float) -> tuple[
 
 
 def _decode_simplejpeg(
-    data: Any, name: str, header: tuple, size: tuple[int, int] | None, crop: Sequence[int] | None,
+    data: Any, src: Any, header: tuple, size: tuple[int, int] | None, crop: Sequence[int] | None,
     reducing_gap: float | None, fastdct: bool, fastupsample: bool,
 ) -> np.ndarray:
     height, width = header[0], header[1]
-    top, left, ch, cw = _check_crop(crop, height, width, name) if crop is not None else (0, 0, height, width)
-    factor = _dct_factor((ch, cw), size, reducing_gap) if (size is not None and reducing_gap) else 1
+    if crop is None:
+        top = left = 0
+        ch, cw = height, width
+    else:
+        top, left, ch, cw = _check_crop(crop, height, width, src)
+    factor = _dct_factor(ch, cw, size, reducing_gap) if (size is not None and reducing_gap) else 1
     if crop is not None and _turbojpeg.available():
         # Decode only the crop (rows above it are skipped, rows below never
         # read, columns outside it not transformed), at the same scale and
@@ -147,22 +161,21 @@ def _decode_simplejpeg(
         # libjpeg stops reading after the crop's last row: check the end of
         # the file here, so that a truncated file is refused as it is below.
         if not _complete(raw, "JPEG"):
-            raise _fail(name, "corrupt or truncated JPEG (no end-of-image marker after the scan)")
+            raise _fail(src, "corrupt or truncated JPEG (no end-of-image marker after the scan)")
         try:
             return _turbojpeg.decode_region(raw, factor, box, fastdct=fastdct, fastupsample=fastupsample)
         except ValueError as e:
-            raise _fail(name, f"corrupt or truncated JPEG ({e})") from e
+            raise _fail(src, f"corrupt or truncated JPEG ({e})") from e
     out_h, out_w = -(-height // factor), -(-width // factor)
-    kwargs: dict[str, Any] = {"buffer": decode_pool.take_bytes(out_h * out_w * 3)}
-    if factor > 1:
-        kwargs.update(min_height=out_h, min_width=out_w)
     try:
         # strict=True turns libjpeg's recoverable warnings (truncated data,
         # corrupt segments) into errors: never return a half-decoded image.
+        # min_height/min_width <= 0 mean full scale.
         arr = jpeg.decode_jpeg(data, colorspace="RGB", fastdct=fastdct, fastupsample=fastupsample,
-                                     strict=True, **kwargs)
+                               min_height=out_h if factor > 1 else 0, min_width=out_w if factor > 1 else 0,
+                               buffer=decode_pool.take_bytes(out_h * out_w * 3), strict=True)
     except ValueError as e:
-        raise _fail(name, f"corrupt or truncated JPEG ({e})") from e
+        raise _fail(src, f"corrupt or truncated JPEG ({e})") from e
     if factor > 1 or crop is not None:
         if arr.shape[:2] == (out_h, out_w):
             sy = sx = 1.0 / factor
@@ -189,15 +202,15 @@ def _complete(data: Any, fmt: str | None) -> bool:
     return True
 
 
-def _decode_pillow(data: Any, name: str, crop: Sequence[int] | None) -> np.ndarray:
+def _decode_pillow(data: Any, src: Any, crop: Sequence[int] | None) -> np.ndarray:
     from PIL import Image, UnidentifiedImageError
 
     try:
         with Image.open(io.BytesIO(data)) as im:
             if not _complete(data, im.format):
-                raise _fail(name, f"truncated {im.format} data (no end marker)")
+                raise _fail(src, f"truncated {im.format} data (no end marker)")
             if crop is not None:
-                top, left, h, w = _check_crop(crop, im.height, im.width, name)
+                top, left, h, w = _check_crop(crop, im.height, im.width, src)
                 im.load()
                 im = im.crop((left, top, left + w, top + h))
             # Same conversion as torchvision's pil_loader (alpha dropped,
@@ -207,26 +220,26 @@ def _decode_pillow(data: Any, name: str, crop: Sequence[int] | None) -> np.ndarr
     except (ImageDecodeError, _CropOutsideImage):
         raise
     except UnidentifiedImageError as e:
-        raise _fail(name, "not an image, or a format Pillow cannot read") from e
+        raise _fail(src, "not an image, or a format Pillow cannot read") from e
     except ValueError as e:
-        raise _fail(name, str(e) or type(e).__name__) from e
+        raise _fail(src, str(e) or type(e).__name__) from e
     except (OSError, SyntaxError, EOFError, struct.error, Image.DecompressionBombError) as e:
-        raise _fail(name, str(e) or type(e).__name__) from e
+        raise _fail(src, str(e) or type(e).__name__) from e
 
 
 def _decode_data(
-    data: Any, name: str, size: tuple[int, int] | None, crop: Sequence[int] | None,
+    data: Any, src: Any, size: tuple[int, int] | None, crop: Sequence[int] | None,
     reducing_gap: float | None, fastdct: bool, fastupsample: bool,
 ) -> Frame:
     if len(data) == 0:
-        raise _fail(name, "empty file")
+        raise _fail(src, "empty file")
     arr = None
     if _is_jpeg(data):
-        header = _jpeg_header(data, name)
+        header = _jpeg_header(data, src)
         if header[2] not in ("CMYK", "YCCK"):  # Adobe CMYK needs Pillow's inversion handling
-            arr = _decode_simplejpeg(data, name, header, size, crop, reducing_gap, fastdct, fastupsample)
+            arr = _decode_simplejpeg(data, src, header, size, crop, reducing_gap, fastdct, fastupsample)
     if arr is None:
-        arr = _decode_pillow(data, name, crop)
+        arr = _decode_pillow(data, src, crop)
     if size is not None and arr.shape[:2] != size:
         # The resize is left pending: frame_collate runs it straight into the
         # batch buffer; reading the frame runs it into a new array.
@@ -234,11 +247,11 @@ def _decode_data(
     return Frame(arr)
 
 
-def _jpeg_header(data: Any, name: str) -> tuple:
+def _jpeg_header(data: Any, src: Any) -> tuple:
     try:
         return jpeg.decode_jpeg_header(data)
     except ValueError as e:
-        raise _fail(name, f"corrupt JPEG header ({e})") from e
+        raise _fail(src, f"corrupt JPEG header ({e})") from e
 
 
 def decode_image(
@@ -280,8 +293,12 @@ def decode_image(
             message names the file, or ``<bytes of length N>``).
         ValueError: a bad ``size`` or a ``crop`` outside the image.
     """
-    data, name = _read_source(source)
-    return _decode_data(data, name, _pair(size, "size") if size is not None else None, crop,
+    if type(source) is str:  # ImageFolder's paths: the common case, first and cheapest
+        with open(source, "rb") as f:
+            data = f.read()
+    else:
+        data = _read_source(source)
+    return _decode_data(data, source, _pair(size, "size") if size is not None else None, crop,
                         reducing_gap, fastdct, fastupsample)
 
 
@@ -292,15 +309,14 @@ def image_size(source: Source) -> tuple[int, int]:
         FileNotFoundError: missing path.
         ImageDecodeError: not a readable image.
     """
-    data, name = _read_source(source)
-    return _size_of(data, name)
+    return _size_of(_read_source(source), source)
 
 
-def _size_of(data: Any, name: str) -> tuple[int, int]:
+def _size_of(data: Any, src: Any) -> tuple[int, int]:
     if len(data) == 0:
-        raise _fail(name, "empty file")
+        raise _fail(src, "empty file")
     if _is_jpeg(data):
-        h, w = _jpeg_header(data, name)[:2]
+        h, w = _jpeg_header(data, src)[:2]
         return h, w
     from PIL import Image, UnidentifiedImageError
 
@@ -308,7 +324,7 @@ def _size_of(data: Any, name: str) -> tuple[int, int]:
         with Image.open(io.BytesIO(data)) as im:  # lazy: reads the header only
             return im.height, im.width
     except UnidentifiedImageError as e:
-        raise _fail(name, "not an image, or a format Pillow cannot read") from e
+        raise _fail(src, "not an image, or a format Pillow cannot read") from e
     except (OSError, SyntaxError, ValueError, EOFError, struct.error) as e:
-        raise _fail(name, str(e) or type(e).__name__) from e
+        raise _fail(src, str(e) or type(e).__name__) from e
 
