@@ -4,6 +4,8 @@ Runs, on one generated ImageFolder (see threadloader.datagen), in one process:
 
 1. DataLoader (worker processes) + ImageFolder + Resize((S, S)) + PILToTensor
 2. the same code with the class swapped to ThreadDataLoader
+   2p. ... and ``worker_processes=P`` (the threads spread over P processes:
+   PIL's per-image Python holds the GIL)
 3. ThreadDataLoader + decode_image(size=(S, S)) + frame_collate
 4. DataLoader (processes) + decode_image + frame_collate (same kernel as 3)
 5. kernel bound: workers x single-thread decode+resize rate, measured here
@@ -73,6 +75,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     """Run the benchmark; print and return the rows."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--worker-processes", type=int, default=None,
+                   help="P for row 2p (default: workers // 2, at least 1)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--batches", type=int, default=25, help="timed batches per contender")
     p.add_argument("--size", type=int, default=224)
@@ -81,6 +85,11 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     p.add_argument("--images-per-class", type=int, default=100)
     p.add_argument("--quick", action="store_true", help="tiny data and few batches (smoke test)")
     args = p.parse_args(argv)
+    if args.workers < 1:
+        p.error(f"--workers must be >= 1, got {args.workers}")
+    procs = args.worker_processes if args.worker_processes is not None else max(1, args.workers // 2)
+    if not 1 <= procs <= args.workers:
+        p.error(f"--worker-processes must be between 1 and --workers ({args.workers}), got {procs}")
     if args.quick:
         args.batches, args.batch_size, args.images_per_class, args.size = 2, 4, 4, 32
 
@@ -105,6 +114,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
           f"cpus={os.cpu_count()}, torch threads={torch.get_num_threads()}")
     add("1", "DataLoader + PIL Resize + PILToTensor (processes)", _rate(DataLoader(pil_ds, **common), args.batches, bs))
     add("2", "ThreadDataLoader, same code", _rate(ThreadDataLoader(pil_ds, **common), args.batches, bs))
+    add("2p", f"ThreadDataLoader, same code, worker_processes={procs}",
+        _rate(ThreadDataLoader(pil_ds, worker_processes=procs, **common), args.batches, bs))
     add("3", "ThreadDataLoader + decode_image + frame_collate",
         _rate(ThreadDataLoader(frame_ds, collate_fn=frame_collate, **common), args.batches, bs))
     add("4", "DataLoader + decode_image + frame_collate (processes)",
@@ -129,7 +140,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
 
     r = {row["key"]: row["img_per_s"] for row in rows}
     print("ratios (target):")
-    for a, b, target in [("3", "1", 2.0), ("2", "1", 1.0), ("3", "5", 0.85), ("3", "4", 1.0), ("6c", "6a", None), ("6c", "6b", None)]:
+    for a, b, target in [("3", "1", 2.0), ("2", "1", 1.0), ("2p", "1", 1.0), ("3", "5", 0.85), ("3", "4", 1.0), ("6c", "6a", None), ("6c", "6b", None)]:
         ratio = r[a] / r[b]
         rows.append(dict(key=f"{a}/{b}", name="ratio", img_per_s=ratio))
         goal = f">= {target:.2f}  {'ok' if ratio >= target else 'MISSED'}" if target else ""

@@ -454,6 +454,30 @@ def test_plot_tells_the_story() -> None:
     assert not legend_box.overlaps(ax.get_window_extent())  # outside the data
 
 
+def test_plot_labels_of_close_peaks_do_not_overlap() -> None:
+    """Three loaders peaking at the same worker count within a few percent: three readable labels."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    config = bench.CONFIGS["batch"]
+    rows = [dict(config=config, workers=w, loader=name, **{"img/s": rate})
+            for name, rates in [("DataLoader", (300, 600)), ("DataLoader + kernel", (560, 1162)),
+                                ("ThreadDataLoader", (600, 1194)), ("ThreadDataLoader, processes", (570, 1120)),
+                                ("kernel bound", (620, 1231))]
+            for w, rate in zip((1, 4), rates)]
+    meta = {"batch_size": 32, "size": 224, "cores": 2, "device": "no GPU", "python": "3.11",
+            "torch": "2.14", "date": "2026-11-23"}
+    fig = bench.build_figure(rows, meta)
+    (ax,) = fig.axes
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)
+    assert sorted(t.get_text() for t in ax.texts) == ["x1.87", "x1.94", "x1.99"]
+    boxes = [t.get_window_extent(renderer) for t in ax.texts]
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+    top = ax.get_window_extent(renderer).y1
+    assert all(b.y1 <= top for b in boxes)  # inside the panel
+
+
 def test_run_metadata_is_today() -> None:
     meta = report.run_metadata(batch_size=4, size=64)
     assert meta["date"] == datetime.date.today().isoformat() and meta["torch"] == torch.__version__

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from threadloader.io._codec import jpeg
 
 from threadloader.datagen import make_imagenet_like, photo_like_image
@@ -66,8 +67,11 @@ def test_image_pipeline_benchmark_smoke(tmp_path) -> None:
     spec.loader.exec_module(mod)
     rows = mod.main(["--quick", "--data", str(tmp_path / "data")])
     keys = {r["key"] for r in rows}
-    assert {"1", "2", "3", "4", "5", "3/1", "3/5"} <= keys
+    assert {"1", "2", "2p", "3", "4", "5", "3/1", "2p/1", "3/5"} <= keys
     assert all(r["img_per_s"] > 0 for r in rows)
+    assert "worker_processes=1" in next(r["name"] for r in rows if r["key"] == "2p")
+    with pytest.raises(SystemExit):  # argparse: one line on stderr, status 2
+        mod.main(["--quick", "--workers", "2", "--worker-processes", "3"])
 
 
 def test_generation_says_where_and_how_to_remove(tmp_path, capsys) -> None:

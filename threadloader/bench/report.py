@@ -226,7 +226,7 @@ def build_figure(rows: Sequence[dict[str, Any]], meta: dict[str, Any], title: st
     for ax, config in zip(axes, configs):
         mine = [r for r in rows if r["config"] == config and r["img/s"]]
         base = max((r["img/s"] for r in mine if r["loader"] == BASELINE), default=None)
-        labelled = 0
+        peaks = []  # (workers, peak, color) of each loader labelled with its speed-up
         for i, name in enumerate(loaders):
             pts = sorted((r["workers"], r["img/s"]) for r in mine if r["loader"] == name)
             if not pts:
@@ -234,19 +234,15 @@ def build_figure(rows: Sequence[dict[str, Any]], meta: dict[str, Any], title: st
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color=colors[i % len(colors)],
                     linestyle=styles.get(name, "-"), label=name)
             if base and name not in (BASELINE, KERNEL_BOUND):
-                w, peak = max(pts, key=lambda p: p[1])
-                # Each loader's label at its own height above its peak, so that close peaks stay readable.
-                ax.annotate(f"x{peak / base:.2f}", (w, peak), textcoords="offset points", xytext=(0, 6 + 11 * labelled),
-                            ha="center", fontsize=8, color=colors[i % len(colors)],
-                            bbox=dict(boxstyle="square,pad=0.1", fc="white", ec="none", alpha=0.8))
-                labelled += 1
+                peaks.append((*max(pts, key=lambda p: p[1]), colors[i % len(colors)]))
+        ax.set_ylim(bottom=0, top=max(ax.get_ylim()[1], 1.0) * 1.15)  # room for the labels above the peaks
+        _label_peaks(ax, peaks, base)
         ax.set_title(config, fontsize=10)
         ax.set_xlabel("workers (processes / threads)")
         if workers:
             ax.set_xticks(workers)
         ax.grid(True, alpha=0.3)
         ax.margins(x=0.1)  # labels at the first and last worker count stay inside
-        ax.set_ylim(bottom=0, top=max(ax.get_ylim()[1], 1.0) * 1.15)  # room for the labels above the peaks
     axes[0].set_ylabel("images / s")
     heading = title or "DataLoader vs ThreadDataLoader (xN: a loader's peak over DataLoader's peak)"
     width = int(fig.get_figwidth() * 13)  # characters per line at this font size
@@ -261,6 +257,22 @@ def build_figure(rows: Sequence[dict[str, Any]], meta: dict[str, Any], title: st
     if handles:
         fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 3), fontsize=8)
     return fig
+
+
+def _label_peaks(ax: Any, peaks: list[tuple[int, float, str]], base: float | None) -> None:
+    """Write ``xN`` (peak / DataLoader's peak) above each loader's peak, in its colour.
+
+    Labels above one worker count are stacked bottom-up by peak, at least one
+    label height apart, so that close peaks never print over each other.
+    """
+    gap = 0.055 * ax.get_ylim()[1]  # one label's height at fontsize 8, in data units
+    for w in sorted({p[0] for p in peaks}):
+        floor = 0.0
+        for _, peak, color in sorted(p for p in peaks if p[0] == w):
+            y = max(peak + 0.02 * ax.get_ylim()[1], floor)
+            ax.annotate(f"x{peak / base:.2f}", (w, y), ha="center", va="bottom", fontsize=8, color=color,
+                        bbox=dict(boxstyle="square,pad=0.1", fc="white", ec="none", alpha=0.8))
+            floor = y + gap
 
 
 def write_plot(
