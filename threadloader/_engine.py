@@ -1,4 +1,4 @@
-"""The thread engine: worker threads, the work they share, and the iterator.
+"""The thread engine: the pool of worker threads and the iterator that drives it.
 
 The consumer (the thread iterating the loader) drives everything, exactly as
 DataLoader's main process does: it pulls indices from the sampler, assigns each
@@ -9,53 +9,45 @@ flight, and releases results in sampler order (or as ready with
 samplers need not be thread-safe and the global RNG is consumed exactly as
 DataLoader consumes it.
 
-A worker fetches the samples of its task one after another and collates them,
-as a DataLoader worker process does. Keeping DataLoader's assignment (task i
-goes to worker i mod num_workers while all are active) is what makes per-worker
-randomness reproducible: each worker draws from its own generators in the same
-order as the worker process with the same id would. A dataset with
-``__getitems__`` gets one call per batch (torch's semantics). An IterableDataset
-gets one replica iterator per worker.
+What a worker does with a task is in :mod:`threadloader._worker_loop`. Keeping
+DataLoader's assignment (task i goes to worker i mod num_workers while all are
+active) is what makes per-worker randomness reproducible: each worker draws
+from its own generators in the same order as the worker process with the same
+id would.
 
 The consumer talks to its workers through a *pool*: ``submit(worker_id,
 job)``, a ``results`` queue it reads, ``generation`` / ``new_epoch()``,
 ``counters`` and ``stop()``. :class:`ThreadPool` (here) runs the workers as
 threads of this process; ``threadloader._procs.ProcessPool`` spreads the same
 threads over child processes (``worker_processes``). All state the threads
-touch lives in :class:`_Shared`: one C-level job queue per worker and one
-result queue. Neither the threads nor the pool reference the iterator object,
-so dropping the iterator (``del``, garbage collection) runs its finalizer,
-which stops the pool.
+touch lives in ``_worker_loop._Shared``: one C-level job queue per worker and
+one result queue. Neither the threads nor the pool reference the iterator
+object, so dropping the iterator (``del``, garbage collection) runs its
+finalizer, which stops the pool.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import queue
 import threading
 import time
 import weakref
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch.autograd.profiler import record_function
 
-from . import _context, worker
-from ._interpreter import FREE_THREADED_BUILD
-from ._intraop import limit_this_thread
 from ._thread_view import WorkerThreadView
 from ._torch_compat import (
     BaseDataLoaderIter,
     DatasetKind,
     ExceptionWrapper,
     SingleProcessDataLoaderIter,
-    create_fetcher,
-    pin_memory,
     profiler_enabled,
     warn_iterable_length,
 )
+from ._worker_loop import _CRASHED, _DATA, _DIED, _STOPPED, _Config, _drain, _Shared, _worker_main
 from .state import EpochStart, RecordsProgressOnDrop, ResumePlan, progress_record
 from .stats import LoaderStats, WorkerCounters
 
@@ -63,274 +55,6 @@ from .stats import LoaderStats, WorkerCounters
 #: are in. A thread stuck in user code is left to finish on its own (it is a
 #: daemon and exits at its next check); we never wait on it for long.
 JOIN_BUDGET_S = 1.0
-
-#: On a free-threaded build, how often an idle worker thread wakes to free
-#: the objects it made that other threads have dropped (see ``next_job``).
-IDLE_WAKE_S = 0.05
-
-#: Message kinds on the result queue. ``_CRASHED``: a worker process died;
-#: its payload is the message of the RuntimeError the consumer raises.
-_DATA, _STOPPED, _DIED, _CRASHED = 0, 1, 2, 3
-
-
-@dataclass
-class _Config:
-    """What every worker thread needs; read-only once threads start."""
-
-    dataset: Any
-    kind: int
-    auto_collation: bool
-    has_getitems: bool  # auto-collated batches are one __getitems__ call
-    collate_fn: Callable
-    drop_last: bool
-    base_seed: int
-    init_fn: Callable | None
-    num_workers: int
-    pin: bool
-    pin_device: str | None
-    device_index: int | None
-
-
-class _Shared:
-    """What the pool's owner and its worker threads share.
-
-    Hand-offs go through ``queue.SimpleQueue`` (C-level, cheap, and its
-    blocking ``get`` releases the GIL and is interruptible): one job queue
-    per worker (tasks are assigned, as in DataLoader) and one result queue
-    (in a worker process, the process's ``torch.multiprocessing`` queue to
-    the parent). Both are keyed by *global* worker id.
-    """
-
-    def __init__(self, worker_ids: list[int], results: Any, counters: Any) -> None:
-        self.jobs = {w: queue.SimpleQueue() for w in worker_ids}
-        self.results = results
-        # Written by the owner, read by workers to skip stale or unneeded
-        # work early; correctness never depends on a worker seeing it in time
-        # (the consumer drops results of an old generation itself).
-        self.generation = 0
-        self.stopping = False
-        self.counters = counters
-
-    def post(self, gen: int, idx: int, worker_id: int, payload: Any) -> None:
-        self.results.put((_DATA, gen, idx, worker_id, payload))
-
-    def next_job(self, worker_id: int) -> Any:
-        """Wait for the worker's next job (a task tuple, or None: stop)."""
-        jobs = self.jobs[worker_id]
-        if not FREE_THREADED_BUILD:
-            return jobs.get()
-        # A free-threaded build frees an object in the thread that made it,
-        # when that thread next runs Python: batches the consumer has dropped
-        # would live as long as their worker stays blocked here (an idle
-        # persistent worker between epochs, a worker whose queue ran dry).
-        # Waking up now and then lets it free them.
-        while True:
-            try:
-                return jobs.get(timeout=IDLE_WAKE_S)
-            except queue.Empty:
-                pass
-
-
-def _where(worker_id: int, what: str) -> str:
-    return f"in DataLoader worker thread {worker_id} ({what})"
-
-
-# --- worker side -----------------------------------------------------------------
-
-def _worker_main(shared: _Shared, cfg: _Config, worker_id: int) -> None:
-    """Body of one worker thread: set up worker info, init, then serve tasks."""
-    try:
-        # N workers must not each fan out over torch's intra-op pool.
-        limit_this_thread()
-        if cfg.pin and cfg.device_index is not None:
-            torch.accelerator.set_device_index(cfg.device_index)
-        # Its own copy, as a worker process has (persistent workers keep it);
-        # the dataset's own methods passed as hooks follow it.
-        replica = worker.worker_dataset(cfg.dataset)
-        cfg = dataclasses.replace(
-            cfg, dataset=replica, init_fn=worker.rebound(cfg.init_fn, cfg.dataset, replica),
-            collate_fn=worker.rebound(cfg.collate_fn, cfg.dataset, replica))
-        worker.enter_worker(worker_id, cfg.num_workers, cfg.base_seed, cfg.dataset)
-        # This thread only ever collates for this loader: tell collate
-        # functions (frame_collate) once whether batches get pinned.
-        _context.set_collating(cfg.pin)
-        init_error = None
-        try:
-            if cfg.init_fn is not None:
-                cfg.init_fn(worker_id)
-        except Exception:
-            init_error = ExceptionWrapper(where=_where(worker_id, "worker_init_fn"))
-        if cfg.kind == DatasetKind.Iterable:
-            _serve_iterable(shared, cfg, worker_id, init_error)
-        else:
-            _serve_map(shared, cfg, worker_id, init_error)
-    except BaseException as exc:  # noqa: BLE001 - reported to the consumer, never lost
-        if not shared.stopping:
-            shared.results.put((_DIED, shared.generation, -1, worker_id, exc))
-    finally:
-        _context.set_collating(False)
-        worker.leave_worker()
-
-
-def _finish(cfg: _Config, data: Any, counters: WorkerCounters, worker_id: int) -> Any:
-    """Collate (when batching) and pin one task's data in this worker.
-
-    Returns:
-        The batch, or an ExceptionWrapper naming the step that failed.
-    """
-    t0 = time.perf_counter()
-    try:
-        data = cfg.collate_fn(data)
-    except Exception:
-        return ExceptionWrapper(where=_where(worker_id, "collate_fn"))
-    counters.collate_s += time.perf_counter() - t0
-    return pin_task(data, cfg.pin_device, counters, worker_id) if cfg.pin else data
-
-
-def pin_task(data: Any, device: str | None, counters: Any, worker_id: int) -> Any:
-    """Pin one task's batch as DataLoader's pin-memory thread does, counting the time.
-
-    Returns:
-        The pinned batch, or an ExceptionWrapper naming ``pin_memory``.
-    """
-    t0 = time.perf_counter()
-    try:
-        data = pin_memory(data, device)
-    except Exception:
-        return ExceptionWrapper(where=_where(worker_id, "pin_memory"))
-    counters.pin_s += time.perf_counter() - t0
-    return data
-
-
-def _serve_map(shared: _Shared, cfg: _Config, worker_id: int, init_error: ExceptionWrapper | None) -> None:
-    while _map_step(shared, cfg, worker_id, init_error):
-        pass
-
-
-def _fetch_map(cfg: _Config, index: Any, worker_id: int) -> Any:
-    """The samples of one map-style task, in index order, or an ExceptionWrapper."""
-    dataset = cfg.dataset
-    if not cfg.auto_collation:
-        try:
-            return dataset[index]
-        except Exception:
-            return ExceptionWrapper(where=_where(worker_id, f"dataset index {index!r}"))
-    if cfg.has_getitems:
-        try:
-            return dataset.__getitems__(index)
-        except Exception:
-            return ExceptionWrapper(where=_where(worker_id, "__getitems__"))
-    data = []
-    for i in index:
-        try:
-            data.append(dataset[i])
-        except Exception:
-            return ExceptionWrapper(where=_where(worker_id, f"dataset index {i!r}"))
-    return data
-
-
-def _map_step(shared: _Shared, cfg: _Config, worker_id: int, init_error: ExceptionWrapper | None) -> bool:
-    """Serve one map-style task: fetch its samples, collate, post. False: stop.
-
-    A function of its own so that its locals (samples, the collated batch)
-    are released before the worker waits again: an idle persistent worker
-    must not keep the last batch alive.
-    """
-    counters = shared.counters[worker_id]
-    counters.busy = False
-    job = shared.next_job(worker_id)
-    if job is None or shared.stopping:
-        return False
-    counters.busy = True
-    idx, gen, index = job
-    if gen != shared.generation:
-        return True  # an abandoned epoch's task: the consumer no longer waits for it
-    if init_error is not None:
-        shared.post(gen, idx, worker_id, init_error)
-        return True
-    t0 = time.perf_counter()
-    payload = _fetch_map(cfg, index, worker_id)
-    counters.fetch_s += time.perf_counter() - t0
-    counters.items += len(index) if cfg.auto_collation else 1
-    if not isinstance(payload, ExceptionWrapper):
-        payload = _finish(cfg, payload, counters, worker_id)
-    shared.post(gen, idx, worker_id, payload)
-    counters.tasks += 1
-    return True
-
-
-class _Replica:
-    """One worker's IterableDataset iterator and where it stands."""
-
-    __slots__ = ("fetcher", "gen", "ended", "init_error")
-
-    def __init__(self, init_error: ExceptionWrapper | None) -> None:
-        self.fetcher: Any = None
-        self.gen = -1
-        self.ended = False
-        self.init_error = init_error
-
-
-def _serve_iterable(shared: _Shared, cfg: _Config, worker_id: int, init_error: ExceptionWrapper | None) -> None:
-    counters = shared.counters[worker_id]
-
-    def collate(data: Any) -> Any:
-        t0 = time.perf_counter()
-        out = _finish(cfg, data, counters, worker_id)
-        counters.fetch_s -= time.perf_counter() - t0  # counted as collate, not fetch
-        return out  # a failed collate/pin comes back as an ExceptionWrapper: the task's result
-
-    replica = _Replica(init_error)
-    while _iterable_step(shared, cfg, worker_id, replica, collate):
-        pass
-
-
-def _iterable_step(shared: _Shared, cfg: _Config, worker_id: int, replica: _Replica, collate: Callable) -> bool:
-    """Serve one job (a function so that the batch is not kept while idle). False: stop."""
-    counters = shared.counters[worker_id]
-    counters.busy = False
-    job = shared.next_job(worker_id)
-    if job is None or shared.stopping:
-        return False
-    counters.busy = True
-    idx, gen, index = job
-    if replica.init_error is not None:
-        shared.post(gen, idx, worker_id, replica.init_error)
-        return True
-    if gen != replica.gen:
-        # A new epoch (persistent workers): a fresh replica iterator, as
-        # DataLoader's workers make on _ResumeIteration.
-        replica.gen, replica.ended, replica.fetcher = gen, False, None
-        try:
-            replica.fetcher = create_fetcher(cfg.kind, cfg.dataset, cfg.auto_collation, collate, cfg.drop_last)
-        except Exception:
-            replica.init_error = ExceptionWrapper(where=_where(worker_id, "IterableDataset.__iter__"))
-            shared.post(gen, idx, worker_id, replica.init_error)
-            return True
-    if replica.ended:
-        return True  # DataLoader's exhausted workers ignore further tasks
-    t0 = time.perf_counter()
-    try:
-        payload = replica.fetcher.fetch(index)
-    except StopIteration:
-        replica.ended = True
-        shared.results.put((_STOPPED, gen, idx, worker_id, None))
-        return True
-    except Exception:
-        payload = ExceptionWrapper(where=_where(worker_id, "IterableDataset"))
-    counters.fetch_s += time.perf_counter() - t0
-    counters.items += len(index) if cfg.auto_collation else 1
-    counters.tasks += 1
-    shared.post(gen, idx, worker_id, payload)
-    return True
-
-
-def _drain(q: queue.SimpleQueue) -> None:
-    while True:
-        try:
-            q.get_nowait()
-        except queue.Empty:
-            return
 
 
 def _stop_threads(shared: _Shared, threads: list[threading.Thread]) -> None:

@@ -45,7 +45,8 @@ import torch
 import torch.multiprocessing as torch_mp
 
 from . import _context
-from ._engine import _CRASHED, _DATA, JOIN_BUDGET_S, ThreadPool, _Config, _drain, pin_task
+from ._engine import JOIN_BUDGET_S, ThreadPool
+from ._worker_loop import _CRASHED, _DATA, _Config, _drain, pin_task
 from ._torch_compat import ExceptionWrapper
 
 __all__ = ["ProcessPool", "check_worker_processes"]
