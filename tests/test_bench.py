@@ -301,6 +301,39 @@ def test_python_time_per_image(small_root) -> None:
     assert report.format_python_time(None) == "Python time per image: not measured"
 
 
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="page faults are read from Linux /proc")
+def test_page_faults_count_this_process_and_its_workers() -> None:
+    import numpy as np
+
+    least = (64 << 20) >> 21  # 64 MiB in faults of 2 MiB (huge) pages, at the fewest
+    before = measure.page_faults()
+    block = np.ones(64 << 20, dtype=np.uint8)  # fresh memory, touched
+    assert measure.page_faults() - before >= least
+    del block
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys; b = bytearray(b'1' * (64 << 20)); print('ok', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        start = measure.page_faults()
+        assert child.stdout.readline().strip() == "ok"  # the child has touched its memory
+        assert measure.page_faults() - start >= least
+    finally:
+        child.kill()
+        child.wait()
+    assert measure.page_faults() >= 0
+
+
+def test_rows_report_page_faults_per_timed_image(monkeypatch) -> None:
+    counts = iter([1000, 1600])
+    monkeypatch.setattr(measure, "page_faults", lambda: next(counts))
+    batches = [torch.zeros(4, 3, 2, 2) for _ in range(4)]
+    m = measure.measure(batches, warmup=1)
+    assert m.images == 12 and m.page_faults == 600
+    assert measure.make_row("c", 1, "x", m)["faults/img"] == 50.0
+    monkeypatch.setattr(measure, "page_faults", lambda: None)  # not Linux
+    assert measure.make_row("c", 1, "x", measure.measure(batches, warmup=1))["faults/img"] is None
+
+
 def test_native_frame_calls_do_the_frame_paths_work(small_root, monkeypatch) -> None:
     """The native loop decodes every file at decode_image's scale and resizes it (not a no-op)."""
     from threadloader.io import decode_image

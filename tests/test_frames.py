@@ -276,7 +276,7 @@ def test_pool_is_bounded_and_handles_shape_changes() -> None:
     held = [pool.take((5, 7), torch.uint8) for _ in range(10)]
     assert pool.stats()["lent"] == 10
     del held
-    assert pool.stats() == {"lent": 0, "free": 3, "free_bytes": 3 * 35}
+    assert pool.stats() == {"lent": 0, "free": 3, "free_bytes": 3 * 35, "reserved": 0}
     a = pool.take((7, 5), torch.uint8)    # same bytes, another shape: reused
     b = pool.take((35,), torch.float32)   # another size: new memory
     assert a.shape == (7, 5) and b.shape == (35,) and b.dtype == torch.float32
@@ -287,6 +287,57 @@ def test_pool_is_bounded_and_handles_shape_changes() -> None:
     assert pool.stats()["free"] == 3  # the oldest went back to the allocator
     with pytest.raises(ValueError):
         BufferPool(slack=-1)
+
+
+def test_pool_reservation_keeps_more_free_blocks_until_released() -> None:
+    from threadloader._pool import BufferPool
+
+    pool = BufferPool(slack=1)
+    first = pool.reserve(3)
+    second = pool.reserve(2)
+    held = [pool.take((16,), torch.uint8) for _ in range(10)]
+    del held
+    assert pool.stats() == {"lent": 0, "free": 6, "free_bytes": 6 * 16, "reserved": 5}
+    first()
+    assert pool.stats()["free"] == 3 and pool.stats()["reserved"] == 2  # trimmed at once, oldest first
+    first()  # idempotent
+    assert pool.stats()["reserved"] == 2
+    second()
+    assert pool.stats() == {"lent": 0, "free": 1, "free_bytes": 16, "reserved": 0}
+    with pytest.raises(ValueError, match="blocks must be >= 0"):
+        pool.reserve(-1)
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_running_loader_reserves_its_working_set_and_releases_it(persistent: bool) -> None:
+    """While an iterator runs, the pools keep its in-flight depth; afterwards, only their base slack."""
+    from threadloader import ThreadDataLoader
+    from threadloader._pool import decode_pool, host_pool
+
+    class Frames(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return 24
+
+        def __getitem__(self, i: int) -> Frame:
+            return Frame(np.full((4, 5, 3), i, np.uint8))
+
+    base = (host_pool.stats()["reserved"], decode_pool.stats()["reserved"])
+    loader = ThreadDataLoader(Frames(), batch_size=4, num_workers=2, prefetch_factor=3,
+                              collate_fn=frame_collate, persistent_workers=persistent)
+    it = iter(loader)
+    batches = [next(it) for _ in range(2)]
+    assert host_pool.stats()["reserved"] == base[0] + 3 * 2 + 1  # in flight + the one held
+    assert decode_pool.stats()["reserved"] == base[1] + 2 * 4 + 3 * 2  # each thread's batch of frames + in flight
+    assert [int(b[0, 0, 0, 0]) for b in batches] == [0, 4]
+    it._shutdown_workers()
+    assert (host_pool.stats()["reserved"], decode_pool.stats()["reserved"]) == base
+    assert host_pool.stats()["free"] <= host_pool.slack + base[0]
+    pinned_or_procs = ThreadDataLoader(Frames(), batch_size=4, num_workers=2, worker_processes=1,
+                                       collate_fn=frame_collate)
+    it = iter(pinned_or_procs)
+    next(it)
+    assert (host_pool.stats()["reserved"], decode_pool.stats()["reserved"]) == base  # children decode
+    del it
 
 
 def test_pool_under_concurrent_threads_never_lends_a_buffer_twice() -> None:

@@ -33,11 +33,12 @@ import queue
 import threading
 import time
 import weakref
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch.autograd.profiler import record_function
 
+from ._pool import decode_pool, host_pool
 from ._thread_view import WorkerThreadView
 from ._torch_compat import (
     BaseDataLoaderIter,
@@ -125,6 +126,15 @@ class ThreadPool:
             _drain(self.results)
 
 
+def _stop_pool(pool: Any, release_buffers: Any) -> None:
+    """Stop the iterator's pool, then end its reservation of pooled batch buffers."""
+    try:
+        pool.stop()
+    finally:
+        if release_buffers is not None:
+            release_buffers()
+
+
 # --- consumer side ---------------------------------------------------------------
 
 _MISSING = object()
@@ -180,11 +190,33 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
             self._pool = ThreadPool(cfg, list(range(self._num_workers)))
         # Runs on del / garbage collection of this iterator, on explicit
         # shutdown, and at interpreter exit (weakref.finalize's atexit hook).
-        self._finalizer = weakref.finalize(self, self._pool.stop)
+        self._finalizer = weakref.finalize(
+            self, _stop_pool, self._pool, None if processes else self._reserve_buffers(loader))
         self._stats.bind(self._pool.counters, self._num_workers)
         self._reset(loader, first_iter=True)
         if plan is not None:
             self._num_yielded = plan.num_yielded
+
+    def _reserve_buffers(self, loader: Any) -> Callable[[], None]:
+        """Keep this loader's working set of pooled buffers while it runs; returns the release.
+
+        Frames decoded in the worker threads live until their batch is
+        collated (a task's items per worker); frame_collate's batch buffers
+        until the training loop drops them (the in-flight depth, plus the
+        batch it holds; pinned batches are not pooled). Freed and faulted
+        in again, they would cost page faults that serialise many threads.
+        """
+        depth = self._prefetch_factor * self._num_workers
+        items = (loader.batch_size or 1) if self._auto_collation else 1
+        releases = [decode_pool.reserve(self._num_workers * items + depth)]
+        if not self._pin_memory:
+            releases.append(host_pool.reserve(depth + 1))
+
+        def release() -> None:
+            for r in releases:
+                r()
+
+        return release
 
     def __next__(self) -> Any:
         # DataLoader wraps every step in a profiler record_function, even when

@@ -10,8 +10,13 @@ the free list. Nothing is reused earlier, whatever the user keeps.
 * Thread-safe by construction: one (reentrant) lock around the free list and
   the loans;
   the weakref callback may run in any thread.
-* Bounded: the free list keeps at most ``slack`` blocks (the oldest go back
-  to the allocator); everything else is in use by someone.
+* Bounded: the free list keeps at most ``slack`` blocks, plus what running
+  loaders have reserved (the oldest go back to the allocator); everything
+  else is in use by someone. A loader reserves its in-flight depth while it
+  runs: blocks handed back at an epoch's end or in a burst are then reused
+  instead of being freed and faulted in again (with many worker threads,
+  page faults in one address space serialise), and the reservation ends with
+  the loader, so idle memory falls back to ``slack`` blocks.
 * Pinned memory is not pooled here: torch's caching host allocator already
   reuses pinned blocks, and only once every copy that read them has completed
   (it records events on non-blocking copies), which a pool of ours could not
@@ -24,6 +29,7 @@ from __future__ import annotations
 import os
 import threading
 import weakref
+from typing import Callable
 
 import numpy as np
 import torch
@@ -51,6 +57,7 @@ class BufferPool:
             raise ValueError(f"granule must be >= 1, got {granule}")
         self.slack = slack
         self.granule = granule
+        self._reserved = 0  # extra free blocks kept for running loaders (see reserve)
         # Reentrant: the weakref callback can run inside take() itself, when
         # an allocation there triggers a garbage collection that frees a batch.
         self._lock = threading.RLock()
@@ -105,14 +112,49 @@ class BufferPool:
             if entry is None:  # lent before a fork, by the parent
                 return
             self._free.append(entry[1:])
-            if len(self._free) > self.slack:
+            if len(self._free) > self.slack + self._reserved:
                 del self._free[0]
 
+    def reserve(self, blocks: int) -> Callable[[], None]:
+        """Keep up to ``blocks`` more free blocks until the returned function is called.
+
+        A loader reserves its in-flight depth for as long as it runs: its
+        working set then stays in the pool across bursts and epochs.
+
+        Args:
+            blocks: how many more free blocks to keep (>= 0).
+
+        Returns:
+            ``release()``: ends the reservation (idempotent) and frees the
+            blocks now beyond the limit, oldest first.
+
+        Raises:
+            ValueError: ``blocks`` < 0.
+        """
+        if blocks < 0:
+            raise ValueError(f"blocks must be >= 0, got {blocks}")
+        with self._lock:
+            self._reserved += blocks
+        released = [False]
+
+        def release() -> None:
+            with self._lock:
+                if released[0]:
+                    return
+                released[0] = True
+                self._reserved -= blocks
+                excess = len(self._free) - (self.slack + self._reserved)
+                if excess > 0:
+                    del self._free[:excess]
+
+        return release
+
     def stats(self) -> dict[str, int]:
-        """``{"lent": blocks in use, "free": blocks kept, "free_bytes": their size}``."""
+        """``{"lent": blocks in use, "free": blocks kept, "free_bytes": their size, "reserved": extra blocks kept}``."""
         with self._lock:
             free = list(self._free)
-            return {"lent": len(self._lent), "free": len(free), "free_bytes": sum(n for n, _ in free)}
+            return {"lent": len(self._lent), "free": len(free), "free_bytes": sum(n for n, _ in free),
+                    "reserved": self._reserved}
 
     def clear(self) -> None:
         """Drop the free blocks (blocks in use are unaffected)."""
@@ -125,6 +167,7 @@ class BufferPool:
         self._lock = threading.RLock()
         self._free = []
         self._lent = {}
+        self._reserved = 0  # the parent's loaders do not run here
 
 
 #: The process's pool for non-pinned batch buffers (frame_collate's).
@@ -135,10 +178,11 @@ host_pool = BufferPool()
 #: faulting and unmapping memory serialise on the kernel's address-space lock:
 #: on 16 cores that alone held 16 decoding threads to ~60 % of the per-thread
 #: rate (measured, see the scale notes in the README). Blocks are rounded to
-#: 64 KiB so that images of different sizes share them; a batch's frames are
-#: all held until collate, so the pool keeps enough spare blocks for a few
-#: batches of several threads.
-decode_pool = BufferPool(slack=128, granule=64 << 10)
+#: 64 KiB so that images of different sizes share them. A batch's frames are
+#: all held until collate: a running loader reserves its threads' share (see
+#: ``BufferPool.reserve``); the base slack is one batch's worth, for
+#: decode_image called outside a loader.
+decode_pool = BufferPool(slack=32, granule=64 << 10)
 
 if hasattr(os, "register_at_fork"):
     for _pool in (host_pool, decode_pool):

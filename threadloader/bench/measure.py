@@ -27,6 +27,7 @@ __all__ = [
     "kernel_bound_rows",
     "make_row",
     "measure",
+    "page_faults",
     "python_time_per_image",
     "run_comparison",
 ]
@@ -49,6 +50,9 @@ class Measurement:
     first_batch_s: float
     timed_items: int = 0
     complete: bool = True
+    #: Page faults (minor + major) during the timed part, this process and its
+    #: worker processes together; None where /proc cannot tell.
+    page_faults: int | None = None
 
     @property
     def img_per_s(self) -> float:
@@ -66,6 +70,55 @@ def count_images(item: Any) -> int:
     if isinstance(item, torch.Tensor) and item.dim() == 4:
         return int(item.shape[0])
     return 1
+
+
+def _stat_fields(pid: int | str) -> list[bytes]:
+    # /proc/PID/stat: the command name is in parentheses and may hold spaces;
+    # the fields after it start with state, ppid; minflt and majflt are the
+    # 8th and 10th.
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        return f.read().rsplit(b")", 1)[1].split()
+
+
+def _faults_of(pid: int | str) -> int:
+    fields = _stat_fields(pid)
+    return int(fields[7]) + int(fields[9])
+
+
+def _descendants(pid: int) -> list[int]:
+    """Live descendants of ``pid``, from every process's parent in /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                children.setdefault(int(_stat_fields(entry)[1]), []).append(int(entry))
+            except (OSError, IndexError, ValueError):  # it ended meanwhile
+                pass
+    found, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
+
+
+def page_faults() -> int | None:
+    """Page faults so far of this process and its live descendants (worker processes), or None.
+
+    Faults count fresh memory touched: with many threads in one process they
+    serialise on the address space's lock, which is why the loaders' buffer
+    pools exist. Linux only (``/proc``); None elsewhere or when unreadable.
+    """
+    try:
+        total = _faults_of("self")
+    except (OSError, IndexError, ValueError):
+        return None
+    for pid in _descendants(os.getpid()):
+        try:
+            total += _faults_of(pid)
+        except (OSError, IndexError, ValueError):  # it ended meanwhile
+            pass
+    return total
 
 
 def _sync() -> None:
@@ -100,6 +153,7 @@ def measure(
     warm_start = start if warmup <= 0 else None
     warm_images = items = 0
     it = iter(loader)
+    faults_start = page_faults() if warmup <= 0 else None
     try:
         for item in it:
             items += 1
@@ -109,6 +163,7 @@ def measure(
                 first = time.perf_counter() - start
             if items == warmup:
                 _sync()
+                faults_start = page_faults()
                 warm_start = time.perf_counter()
             elif items > warmup:
                 warm_images += n
@@ -116,6 +171,7 @@ def measure(
                 break
         _sync()
         end = time.perf_counter()
+        faults_end = page_faults()
     finally:
         # Ends the epoch now (joins threads / stops processes) rather than at GC.
         close = getattr(it, "close", None) or getattr(it, "_shutdown_workers", None)
@@ -124,7 +180,8 @@ def measure(
             close()
     timed = max(items - max(warmup, 0), 0)
     seconds = end - warm_start if warm_start is not None else 0.0
-    return Measurement(warm_images, seconds, first or 0.0, timed, timed >= max(min_timed, 1))
+    faults = faults_end - faults_start if faults_start is not None and faults_end is not None else None
+    return Measurement(warm_images, seconds, first or 0.0, timed, timed >= max(min_timed, 1), faults)
 
 
 def make_row(
@@ -147,6 +204,8 @@ def make_row(
         "img/s": rate_or_none,
         "first_batch_s": round(m.first_batch_s, 3) if m is not None and m.first_batch_s else None,
         "images": m.images if m is not None else None,
+        "faults/img": (round(m.page_faults / m.images, 1)
+                       if m is not None and m.page_faults is not None and m.images else None),
         "ratio": round(rate_or_none / baseline, 2) if rate_or_none and baseline else None,
         "note": note,
     }
