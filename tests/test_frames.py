@@ -332,12 +332,32 @@ def test_running_loader_reserves_its_working_set_and_releases_it(persistent: boo
     it._shutdown_workers()
     assert (host_pool.stats()["reserved"], decode_pool.stats()["reserved"]) == base
     assert host_pool.stats()["free"] <= host_pool.slack + base[0]
-    pinned_or_procs = ThreadDataLoader(Frames(), batch_size=4, num_workers=2, worker_processes=1,
-                                       collate_fn=frame_collate)
-    it = iter(pinned_or_procs)
-    next(it)
-    assert (host_pool.stats()["reserved"], decode_pool.stats()["reserved"]) == base  # children decode
-    del it
+
+
+def test_worker_process_threads_reserve_their_frames_in_the_childs_pool() -> None:
+    from threadloader import ThreadDataLoader
+    from threadloader._pool import decode_pool, host_pool
+
+    base = (host_pool.stats()["reserved"], decode_pool.stats()["reserved"])
+    loader = ThreadDataLoader(ReservedInChild(), batch_size=3, num_workers=2, worker_processes=1)
+    batches = list(loader)
+    # In the child, each thread holds room for its 3 frames (the other thread's
+    # may not be there yet when the first sample is fetched); none in the
+    # parent, which decodes nothing.
+    assert all(3 <= v <= 2 * 3 for b in batches for v in b.tolist()), batches
+    assert (host_pool.stats()["reserved"], decode_pool.stats()["reserved"]) == base
+
+
+class ReservedInChild(torch.utils.data.Dataset):
+    """Each sample: the decode pool's reservation where it is fetched."""
+
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, i: int) -> int:
+        from threadloader._pool import decode_pool
+
+        return decode_pool.stats()["reserved"]
 
 
 def test_pool_under_concurrent_threads_never_lends_a_buffer_twice() -> None:

@@ -179,6 +179,7 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
             pin=self._pin_memory,
             pin_device=self._pin_memory_device,
             device_index=device_index,
+            items_per_task=(loader.batch_size or 1) if self._auto_collation else 1,
         )
         self._failure: str | None = None
         processes = getattr(loader, "worker_processes", 0)
@@ -191,24 +192,23 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
         # Runs on del / garbage collection of this iterator, on explicit
         # shutdown, and at interpreter exit (weakref.finalize's atexit hook).
         self._finalizer = weakref.finalize(
-            self, _stop_pool, self._pool, None if processes else self._reserve_buffers(loader))
+            self, _stop_pool, self._pool, None if processes else self._reserve_buffers())
         self._stats.bind(self._pool.counters, self._num_workers)
         self._reset(loader, first_iter=True)
         if plan is not None:
             self._num_yielded = plan.num_yielded
 
-    def _reserve_buffers(self, loader: Any) -> Callable[[], None]:
-        """Keep this loader's working set of pooled buffers while it runs; returns the release.
+    def _reserve_buffers(self) -> Callable[[], None]:
+        """Keep this iterator's in-flight working set in the buffer pools while it runs; returns the release.
 
-        Frames decoded in the worker threads live until their batch is
-        collated (a task's items per worker); frame_collate's batch buffers
-        until the training loop drops them (the in-flight depth, plus the
-        batch it holds; pinned batches are not pooled). Freed and faulted
-        in again, they would cost page faults that serialise many threads.
+        frame_collate's batch buffers live until the training loop drops them
+        (the in-flight depth, plus the batch it holds; pinned batches are not
+        pooled); unbatched frames until it reads them. (Each worker thread
+        keeps room for its own task's frames.) Freed and faulted in again,
+        they would cost page faults, which serialise many threads.
         """
         depth = self._prefetch_factor * self._num_workers
-        items = (loader.batch_size or 1) if self._auto_collation else 1
-        releases = [decode_pool.reserve(self._num_workers * items + depth)]
+        releases = [decode_pool.reserve(depth)]
         if not self._pin_memory:
             releases.append(host_pool.reserve(depth + 1))
 

@@ -26,6 +26,7 @@ import torch
 from . import _context, worker
 from ._interpreter import FREE_THREADED_BUILD
 from ._intraop import limit_this_thread
+from ._pool import decode_pool
 from ._torch_compat import DatasetKind, ExceptionWrapper, create_fetcher, pin_memory
 from .stats import WorkerCounters
 
@@ -53,6 +54,7 @@ class _Config:
     pin: bool
     pin_device: str | None
     device_index: int | None
+    items_per_task: int = 1  # samples a task fetches (the batch size when batching)
 
 
 class _Shared:
@@ -103,6 +105,9 @@ def _where(worker_id: int, what: str) -> str:
 
 def _worker_main(shared: _Shared, cfg: _Config, worker_id: int) -> None:
     """Body of one worker thread: set up worker info, init, then serve tasks."""
+    # Room in the decode pool for one task's frames (they all live until
+    # collate), for as long as this worker runs: see BufferPool.reserve.
+    release_frames = decode_pool.reserve(cfg.items_per_task)
     try:
         # N workers must not each fan out over torch's intra-op pool.
         limit_this_thread()
@@ -134,6 +139,7 @@ def _worker_main(shared: _Shared, cfg: _Config, worker_id: int) -> None:
     finally:
         _context.set_collating(False)
         worker.leave_worker()
+        release_frames()
 
 
 def _finish(cfg: _Config, data: Any, counters: WorkerCounters, worker_id: int) -> Any:
