@@ -9,6 +9,7 @@ import importlib
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -301,37 +302,50 @@ def test_python_time_per_image(small_root) -> None:
     assert report.format_python_time(None) == "Python time per image: not measured"
 
 
-@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="page faults are read from Linux /proc")
-def test_page_faults_count_this_process_and_its_workers() -> None:
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="usage is read from Linux /proc")
+def test_usage_counts_this_process_and_its_workers() -> None:
     import numpy as np
 
+    from threadloader.bench.usage import usage
+
     least = (64 << 20) >> 21  # 64 MiB in faults of 2 MiB (huge) pages, at the fewest
-    before = measure.page_faults()
+    before = usage()
     block = np.ones(64 << 20, dtype=np.uint8)  # fresh memory, touched
-    assert measure.page_faults() - before >= least
+    deadline = time.process_time() + 0.3
+    while time.process_time() < deadline:  # CPU time
+        pass
+    mine = usage() - before
+    assert mine.faults >= least and mine.cpu_s >= 0.2
     del block
-    child = subprocess.Popen(
-        [sys.executable, "-c", "import sys; b = bytearray(b'1' * (64 << 20)); print('ok', flush=True); sys.stdin.read()"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    code = ("import sys, time; b = bytearray(b'1' * (64 << 20)); t = time.process_time() + 0.3\n"
+            "while time.process_time() < t: pass\nprint('ok', flush=True); sys.stdin.read()")
+    start = usage()
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
-        start = measure.page_faults()
-        assert child.stdout.readline().strip() == "ok"  # the child has touched its memory
-        assert measure.page_faults() - start >= least
+        assert child.stdout.readline().strip() == "ok"  # the child has touched its memory and used its CPU
+        theirs = usage() - start
+        assert theirs.faults >= least and theirs.cpu_s >= 0.2
     finally:
         child.kill()
         child.wait()
-    assert measure.page_faults() >= 0
 
 
-def test_rows_report_page_faults_per_timed_image(monkeypatch) -> None:
-    counts = iter([1000, 1600])
-    monkeypatch.setattr(measure, "page_faults", lambda: next(counts))
+def test_rows_report_cores_and_page_faults_per_timed_image(monkeypatch) -> None:
+    from threadloader.bench.usage import Usage
+
+    clock = iter([0.0, 0.5, 10.0, 11.0])  # start, first item, end of warm-up, end
+    counts = iter([Usage(5.0, 1000), Usage(8.0, 1600)])
+    monkeypatch.setattr(measure, "usage", lambda: next(counts))
+    monkeypatch.setattr(measure.time, "perf_counter", lambda: next(clock))
     batches = [torch.zeros(4, 3, 2, 2) for _ in range(4)]
     m = measure.measure(batches, warmup=1)
-    assert m.images == 12 and m.page_faults == 600
-    assert measure.make_row("c", 1, "x", m)["faults/img"] == 50.0
-    monkeypatch.setattr(measure, "page_faults", lambda: None)  # not Linux
-    assert measure.make_row("c", 1, "x", measure.measure(batches, warmup=1))["faults/img"] is None
+    assert m.images == 12 and m.page_faults == 600 and m.cpu_s == 3.0 and m.cores == pytest.approx(3.0)
+    row = measure.make_row("c", 1, "x", m)
+    assert row["faults/img"] == 50.0 and row["cores"] == 3.0
+    monkeypatch.undo()
+    monkeypatch.setattr(measure, "usage", lambda: None)  # not Linux
+    row = measure.make_row("c", 1, "x", measure.measure(batches, warmup=1))
+    assert row["faults/img"] is None and row["cores"] is None
 
 
 def test_native_frame_calls_do_the_frame_paths_work(small_root, monkeypatch) -> None:

@@ -16,6 +16,7 @@ import torch
 import torch.multiprocessing
 
 from threadloader.bench.data import BenchError
+from threadloader.bench.usage import usage
 from threadloader.bench.pipelines import BASELINE, CONFIGS, KERNEL_BOUND, LOADERS, build_loader
 
 __all__ = [
@@ -27,7 +28,6 @@ __all__ = [
     "kernel_bound_rows",
     "make_row",
     "measure",
-    "page_faults",
     "python_time_per_image",
     "run_comparison",
 ]
@@ -50,9 +50,18 @@ class Measurement:
     first_batch_s: float
     timed_items: int = 0
     complete: bool = True
-    #: Page faults (minor + major) during the timed part, this process and its
-    #: worker processes together; None where /proc cannot tell.
+    #: CPU seconds and page faults (minor + major) of the timed part, this
+    #: process and its worker processes together (see :mod:`.usage`); None
+    #: where /proc cannot tell.
+    cpu_s: float | None = None
     page_faults: int | None = None
+
+    @property
+    def cores(self) -> float | None:
+        """CPU cores kept busy on average during the timed part."""
+        if self.cpu_s is None or self.seconds <= 0:
+            return None
+        return self.cpu_s / self.seconds
 
     @property
     def img_per_s(self) -> float:
@@ -70,55 +79,6 @@ def count_images(item: Any) -> int:
     if isinstance(item, torch.Tensor) and item.dim() == 4:
         return int(item.shape[0])
     return 1
-
-
-def _stat_fields(pid: int | str) -> list[bytes]:
-    # /proc/PID/stat: the command name is in parentheses and may hold spaces;
-    # the fields after it start with state, ppid; minflt and majflt are the
-    # 8th and 10th.
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        return f.read().rsplit(b")", 1)[1].split()
-
-
-def _faults_of(pid: int | str) -> int:
-    fields = _stat_fields(pid)
-    return int(fields[7]) + int(fields[9])
-
-
-def _descendants(pid: int) -> list[int]:
-    """Live descendants of ``pid``, from every process's parent in /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                children.setdefault(int(_stat_fields(entry)[1]), []).append(int(entry))
-            except (OSError, IndexError, ValueError):  # it ended meanwhile
-                pass
-    found, todo = [], [pid]
-    while todo:
-        kids = children.get(todo.pop(), [])
-        found += kids
-        todo += kids
-    return found
-
-
-def page_faults() -> int | None:
-    """Page faults so far of this process and its live descendants (worker processes), or None.
-
-    Faults count fresh memory touched: with many threads in one process they
-    serialise on the address space's lock, which is why the loaders' buffer
-    pools exist. Linux only (``/proc``); None elsewhere or when unreadable.
-    """
-    try:
-        total = _faults_of("self")
-    except (OSError, IndexError, ValueError):
-        return None
-    for pid in _descendants(os.getpid()):
-        try:
-            total += _faults_of(pid)
-        except (OSError, IndexError, ValueError):  # it ended meanwhile
-            pass
-    return total
 
 
 def _sync() -> None:
@@ -153,7 +113,7 @@ def measure(
     warm_start = start if warmup <= 0 else None
     warm_images = items = 0
     it = iter(loader)
-    faults_start = page_faults() if warmup <= 0 else None
+    used_start = usage() if warmup <= 0 else None
     try:
         for item in it:
             items += 1
@@ -163,7 +123,7 @@ def measure(
                 first = time.perf_counter() - start
             if items == warmup:
                 _sync()
-                faults_start = page_faults()
+                used_start = usage()
                 warm_start = time.perf_counter()
             elif items > warmup:
                 warm_images += n
@@ -171,7 +131,7 @@ def measure(
                 break
         _sync()
         end = time.perf_counter()
-        faults_end = page_faults()
+        used_end = usage()
     finally:
         # Ends the epoch now (joins threads / stops processes) rather than at GC.
         close = getattr(it, "close", None) or getattr(it, "_shutdown_workers", None)
@@ -180,8 +140,9 @@ def measure(
             close()
     timed = max(items - max(warmup, 0), 0)
     seconds = end - warm_start if warm_start is not None else 0.0
-    faults = faults_end - faults_start if faults_start is not None and faults_end is not None else None
-    return Measurement(warm_images, seconds, first or 0.0, timed, timed >= max(min_timed, 1), faults)
+    used = used_end - used_start if used_start is not None and used_end is not None else None
+    return Measurement(warm_images, seconds, first or 0.0, timed, timed >= max(min_timed, 1),
+                       used.cpu_s if used else None, used.faults if used else None)
 
 
 def make_row(
@@ -204,6 +165,7 @@ def make_row(
         "img/s": rate_or_none,
         "first_batch_s": round(m.first_batch_s, 3) if m is not None and m.first_batch_s else None,
         "images": m.images if m is not None else None,
+        "cores": round(m.cores, 1) if m is not None and m.cores is not None else None,
         "faults/img": (round(m.page_faults / m.images, 1)
                        if m is not None and m.page_faults is not None and m.images else None),
         "ratio": round(rate_or_none / baseline, 2) if rate_or_none and baseline else None,

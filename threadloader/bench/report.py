@@ -30,10 +30,10 @@ __all__ = [
     "write_plot",
 ]
 
-COLUMNS = ("config", "workers", "loader", "img/s", "first_batch_s", "images", "faults/img", "ratio", "note")
+COLUMNS = ("config", "workers", "loader", "img/s", "first_batch_s", "images", "cores", "faults/img", "ratio", "note")
 
 #: Fixed precision per column in printed tables (other floats: 2 decimals).
-_FORMATS = {"img/s": "{:.1f}", "first_batch_s": "{:.3f}", "faults/img": "{:.1f}", "ratio": "{:.2f}", "peak img/s": "{:.1f}",
+_FORMATS = {"img/s": "{:.1f}", "first_batch_s": "{:.3f}", "cores": "{:.1f}", "faults/img": "{:.1f}", "ratio": "{:.2f}", "peak img/s": "{:.1f}",
             "vs DataLoader": "{:.2f}", "of kernel bound": "{:.2f}"}
 
 
