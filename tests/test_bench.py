@@ -22,6 +22,8 @@ from threadloader.bench import cli, data, pipelines, report
 
 # The module, not the function of the same name that the package re-exports.
 measure = importlib.import_module("threadloader.bench.measure")
+kernel_bound = importlib.import_module("threadloader.bench.kernel_bound")
+python_time = importlib.import_module("threadloader.bench.python_time")
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -258,7 +260,7 @@ def test_cell_error_without_bad_files_is_marked_not_fatal(tmp_path, small_root, 
         raise RuntimeError("worker exploded\nsecond line")
 
     monkeypatch.setattr(measure, "measure", flaky)
-    monkeypatch.setattr(measure, "python_time_per_image", lambda *a, **k: None)
+    monkeypatch.setattr(cli, "python_time_per_image", lambda *a, **k: None)
     rows = bench.main(["--smoke", "--root", str(small_root), "--configs", "batch", "--workers", "1",
                        "--out", str(tmp_path), "--no-progress"])
     measured = [r for r in rows if r["loader"] != pipelines.KERNEL_BOUND]
@@ -287,7 +289,7 @@ def test_build_loader_rejects_unknown() -> None:
 def test_python_time_per_image(small_root) -> None:
     require_torchvision()
     files = data.image_files(small_root)
-    pt = measure.python_time_per_image(small_root, files, size=32, batch_size=4, images=8, rounds=2)
+    pt = python_time.python_time_per_image(small_root, files, size=32, batch_size=4, images=8, rounds=2)
     assert pt is not None and pt["images"] >= 8 and pt["data_images"] == 8
     for prefix in ("", "data_"):
         assert pt[prefix + "path_us"] > 0 and pt[prefix + "native_us"] > 0
@@ -296,7 +298,7 @@ def test_python_time_per_image(small_root) -> None:
     text = report.format_python_time(pt)
     assert "us of its native calls" in text and "on this run's JPEGs (8)" in text
     # No JPEG in the data: the small-image figure alone.
-    only_small = measure.python_time_per_image(small_root, [], size=32, batch_size=4, images=8, rounds=1)
+    only_small = python_time.python_time_per_image(small_root, [], size=32, batch_size=4, images=8, rounds=1)
     assert only_small is not None and "data_python_us" not in only_small
     assert "this run's JPEGs" not in report.format_python_time(only_small)
     assert report.format_python_time(None) == "Python time per image: not measured"
@@ -361,14 +363,14 @@ def test_native_frame_calls_do_the_frame_paths_work(small_root, monkeypatch) -> 
         return real(arr)
 
     monkeypatch.setattr(torch, "from_numpy", spy)
-    assert measure._native_frame_calls(files, (32, 32), 2) > 0
+    assert python_time._native_frame_calls(files, (32, 32), 2) > 0
     monkeypatch.undo()
     assert seen == [decode_image(f, size=(32, 32))._state[0].shape[:2] for f in files]
 
 
 def test_kernel_bound_rows_are_measured_per_process_count() -> None:
     rates = {1: (100.0, 50), 2: (180.0, 90)}
-    rows = measure.kernel_bound_rows(["batch", "normalize"], [1, 2, 4], rates, cores=2,
+    rows = kernel_bound.kernel_bound_rows(["batch", "normalize"], [1, 2, 4], rates, cores=2,
                                      baselines={(bench.CONFIGS["batch"], 2): 50.0})
     assert [(r["config"], r["workers"]) for r in rows] == [
         (bench.CONFIGS[c], w) for c in ("batch", "normalize") for w in (1, 2, 4)]
@@ -379,7 +381,7 @@ def test_kernel_bound_rows_are_measured_per_process_count() -> None:
     assert rows[2]["note"] == "measured: 2 independent processes, 1 thread each, kernel alone"
     assert not any("estimate" in r["note"] for r in rows)
     assert rows[1]["ratio"] == 3.6 and rows[0]["ratio"] is None
-    failed = measure.kernel_bound_rows(["batch"], [1, 4], {1: (100.0, 50)}, cores=2, errors={2: "it broke"})
+    failed = kernel_bound.kernel_bound_rows(["batch"], [1, 4], {1: (100.0, 50)}, cores=2, errors={2: "it broke"})
     assert failed[0]["img/s"] == 100.0
     assert failed[1]["img/s"] is None and failed[1]["note"] == "failed: it broke"
 
@@ -420,16 +422,16 @@ def test_kernel_bound_rate_runs_processes_and_joins_them(small_root) -> None:
 
     files = data.image_files(small_root)
     before = _children_but_resource_tracker()
-    rate, images = measure.kernel_bound_rate(files, 16, 2, seconds=0.1, rounds=2, max_images=4, start_timeout=60)
+    rate, images = kernel_bound.kernel_bound_rate(files, 16, 2, seconds=0.1, rounds=2, max_images=4, start_timeout=60)
     assert rate > 0 and 2 <= images <= 2 * 4  # each process did at least one image, at most the cap
     assert not multiprocessing.active_children()
     assert _children_but_resource_tracker() <= before
     with pytest.raises(ValueError):
-        measure.kernel_bound_rate(files, 16, 0)
+        kernel_bound.kernel_bound_rate(files, 16, 0)
     with pytest.raises(ValueError):
-        measure.kernel_bound_rate(files, 16, 1, rounds=0)
+        kernel_bound.kernel_bound_rate(files, 16, 1, rounds=0)
     with pytest.raises(ValueError):
-        measure.kernel_bound_rate([], 16, 1)
+        kernel_bound.kernel_bound_rate([], 16, 1)
 
 
 def test_kernel_bound_rate_failure_is_one_line_not_a_hang(tmp_path) -> None:
@@ -440,7 +442,7 @@ def test_kernel_bound_rate_failure_is_one_line_not_a_hang(tmp_path) -> None:
     before = _children_but_resource_tracker()
     with pytest.raises(bench.BenchError) as exc:
         # A hang at the start barrier would end after start_timeout with another message.
-        measure.kernel_bound_rate(sorted(tmp_path.iterdir()), 16, 2, seconds=0.2, start_timeout=60)
+        kernel_bound.kernel_bound_rate(sorted(tmp_path.iterdir()), 16, 2, seconds=0.2, start_timeout=60)
     message = str(exc.value)
     assert "\n" not in message and message.startswith("kernel bound (2 processes): process ")
     assert "failed: ImageDecodeError" in message and ".jpg" in message

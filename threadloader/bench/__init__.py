@@ -23,7 +23,9 @@ per image of the frame path (its single-thread time minus that of its native
 calls alone) is printed below the table.
 
 Modules: ``cli`` (flags, checks, the run), ``data`` (generated data, --root
-checks), ``pipelines`` (the loader configurations), ``measure`` (timing),
+checks), ``pipelines`` (the loader configurations), ``measure`` (timing
+loaders), ``kernel_bound`` (the kernel alone in k processes), ``python_time``
+(Python time per image), ``usage`` (CPU time and page faults from /proc),
 ``report`` (table, CSV, plot). The names below are re-exported for the
 scripts in ``examples/``.
 """

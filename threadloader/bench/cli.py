@@ -29,7 +29,9 @@ from threadloader.bench.data import (
     image_files,
     prepare_dataset,
 )
-from threadloader.bench.measure import error_line, kernel_bound_rate, kernel_bound_rows, python_time_per_image, run_comparison
+from threadloader.bench.kernel_bound import kernel_bound_rate, kernel_bound_rows
+from threadloader.bench.measure import error_line, run_comparison
+from threadloader.bench.python_time import python_time_per_image
 from threadloader.bench.pipelines import (
     ALL_LOADERS,
     BASELINE,

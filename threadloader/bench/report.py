@@ -184,7 +184,7 @@ def _pack(items: Sequence[str], width: int) -> list[str]:
 
 
 def format_python_time(pt: dict[str, float] | None) -> str:
-    """The frame path's Python time per image (from ``measure.python_time_per_image``), two lines at most."""
+    """The frame path's Python time per image (from ``python_time.python_time_per_image``), two lines at most."""
     if not pt:
         return "Python time per image: not measured"
     lines = []
