@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import io
+import os
 import zipfile
 
 import numpy as np
@@ -225,7 +226,46 @@ def test_missing_file_names_path(tmp_path) -> None:
     with pytest.raises(FileNotFoundError, match="nope.jpg"):
         decode_image(p)
     with pytest.raises(FileNotFoundError, match="nope.jpg"):
+        decode_image(str(p))
+    with pytest.raises(FileNotFoundError, match="nope.jpg"):
         RandomResizedCropLoader(8)(str(p))
+
+
+def test_directory_and_unreadable_file_errors_name_the_path(tmp_path) -> None:
+    """As ``open(path, "rb")`` would: the same exception types, naming the path."""
+    d = tmp_path / "a_dir.jpg"
+    d.mkdir()
+    for src in (d, str(d)):
+        with pytest.raises(IsADirectoryError, match="a_dir.jpg"):
+            decode_image(src)
+    if os.geteuid() != 0:  # root reads whatever the mode says
+        locked = tmp_path / "locked.jpg"
+        locked.write_bytes(b"\xff\xd8\xff")
+        locked.chmod(0)
+        with pytest.raises(PermissionError, match="locked.jpg"):
+            decode_image(str(locked))
+
+
+@settings(max_examples=25, deadline=None)
+@given(size=st.sampled_from([0, 1, 2, 4095, 4096, 65535, 65536, 65537, 300_001]), seed=st.integers(0, 2**16))
+def test_file_reads_return_the_whole_file(tmp_path_factory, size: int, seed: int) -> None:
+    from threadloader.io.image import _read_file
+
+    p = tmp_path_factory.mktemp("read") / "f.bin"
+    data = np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8).tobytes()
+    p.write_bytes(data)
+    assert _read_file(str(p)) == data and _read_file(p) == data
+
+
+def test_file_reads_do_not_trust_a_size_of_zero() -> None:
+    """Special files report size 0 but have content (a file that grew since its stat is the same case)."""
+    from threadloader.io.image import _read_file
+
+    if not os.path.exists("/proc/self/cmdline"):
+        pytest.skip("needs Linux /proc")
+    assert os.stat("/proc/self/cmdline").st_size == 0
+    with open("/proc/self/cmdline", "rb") as f:
+        assert _read_file("/proc/self/cmdline") == f.read() != b""
 
 
 def _bad_inputs(jpeg: bytes, png: bytes) -> dict[str, tuple[bytes, str]]:
