@@ -19,13 +19,14 @@ def _native_frame_calls(
     """Seconds per image of the frame path's native calls alone, timed directly.
 
     The same native work, on the same data flow, as the frame path does: per
-    batch, each file is read (open, fstat, read to the end, close) and its JPEG header parsed
-    and decoded (at the DCT scale ``decode_image`` picks by default) into its
-    own buffer -- a batch's frames all live until collate, as in the path --
-    then each decoded image is resized by torch's uint8 kernel straight into
-    its slot of a reused batch. Buffers are allocated once, as the path's
-    pools do after their first batch. The loop around the calls is as thin as
-    Python allows; the difference with the path is the Python around them.
+    batch, each file is read (open, fstat, read to the end, close), its JPEG
+    header parsed and the image decoded (at the DCT scale ``decode_image``
+    picks by default) into its own buffer -- a batch's frames all live until
+    collate, as in the path -- then each decoded image is resized by torch's
+    uint8 kernel straight into its slot of a reused batch. Buffers are reused
+    from batch to batch, as the path's pools do. The loop around the calls is
+    as thin as Python allows; the difference with the path is the Python
+    around them.
     """
     from threadloader.io._codec import jpeg
     import numpy as np
