@@ -257,6 +257,23 @@ def test_file_reads_return_the_whole_file(tmp_path_factory, size: int, seed: int
     assert _read_file(str(p)) == data and _read_file(p) == data
 
 
+def test_file_reads_get_what_was_appended_after_the_size_was_read(tmp_path, monkeypatch) -> None:
+    """A file that grows between fstat and read is read to its end, not cut at the old size."""
+    from threadloader.io import image
+
+    p = tmp_path / "growing.bin"
+    data = bytes(range(256)) * 1000
+    p.write_bytes(data)
+    real_fstat = os.fstat
+
+    class Stale:
+        def __init__(self, st):
+            self.st_mode, self.st_size = st.st_mode, 1000  # the size before the file grew
+
+    monkeypatch.setattr(image, "_fstat", lambda fd: Stale(real_fstat(fd)))
+    assert image._read_file(str(p)) == data
+
+
 def test_file_reads_do_not_trust_a_size_of_zero() -> None:
     """Special files report size 0 but have content (a file that grew since its stat is the same case)."""
     from threadloader.io.image import _read_file

@@ -53,7 +53,7 @@ def _read_file(path: Any) -> bytes:
     """
     fd = os.open(path, _OPEN_FLAGS)
     try:
-        st = os.fstat(fd)
+        st = _fstat(fd)
         if stat.S_ISDIR(st.st_mode):
             raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), os.fsdecode(path))
         size = st.st_size
@@ -73,6 +73,7 @@ def _read_file(path: Any) -> bytes:
 
 
 _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+_fstat = os.fstat  # a name of this module's own, so that a test can make the size stale
 
 
 def _read_source(source: Any) -> Any:
