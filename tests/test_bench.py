@@ -461,7 +461,7 @@ ROWS = [
     {"config": "2 +batching", "workers": 2, "loader": "DataLoader", "img/s": 180.0, "first_batch_s": 0.6,
      "images": 64, "ratio": None, "note": ""},
     {"config": "2 +batching", "workers": 2, "loader": "ThreadDataLoader", "img/s": 450.0, "first_batch_s": 0.02,
-     "images": 64, "ratio": 2.5, "note": ""},
+     "images": 64, "cores": 1.9, "faults/img": 3.2, "ratio": 2.5, "note": ""},
     {"config": "2 +batching", "workers": 2, "loader": "kernel bound", "img/s": 500.0, "first_batch_s": None,
      "images": 64, "ratio": 2.78, "note": "measured: 2 independent processes, 1 thread each, kernel alone"},
 ]
@@ -479,6 +479,8 @@ def test_table_numbers_fixed_precision_and_aligned() -> None:
     threads = next(s for s in summary if s["loader"] == "ThreadDataLoader")
     assert threads["peak img/s"] == 450.0 and threads["at workers"] == 2
     assert threads["vs DataLoader"] == 2.5 and threads["of kernel bound"] == 0.9
+    assert threads["cores"] == 1.9 and threads["faults/img"] == 3.2  # at the peak
+    assert next(s for s in summary if s["loader"] == "DataLoader")["cores"] is None  # not measured
 
 
 def test_plot_tells_the_story() -> None:

@@ -90,8 +90,8 @@ def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None =
 
 
 def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per config and loader: the peak img/s, where it was reached, and its ratio to DataLoader's
-    peak and to the kernel bound at the same worker count."""
+    """Per config and loader: the peak img/s, where it was reached, its ratio to DataLoader's
+    peak and to the kernel bound at the same worker count, and its cores and faults/img there."""
     out = []
     for config in dict.fromkeys(r["config"] for r in rows):
         mine = [r for r in rows if r["config"] == config and r["img/s"]]
@@ -112,6 +112,9 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 "at workers": peak["workers"],
                 "vs DataLoader": round(peak["img/s"] / base["img/s"], 2) if base else None,
                 "of kernel bound": round(peak["img/s"] / b, 2) if b else None,
+                # At the peak: the cores it kept busy, the fresh pages it touched per image.
+                "cores": peak.get("cores"),
+                "faults/img": peak.get("faults/img"),
             })
     return out
 
