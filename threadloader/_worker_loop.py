@@ -38,6 +38,7 @@ IDLE_WAKE_S = 0.05
 #: its payload is the message of the RuntimeError the consumer raises.
 _DATA, _STOPPED, _DIED, _CRASHED = 0, 1, 2, 3
 
+
 @dataclass
 class _Config:
     """What every worker thread needs; read-only once threads start."""
@@ -100,8 +101,6 @@ class _Shared:
 def _where(worker_id: int, what: str) -> str:
     return f"in DataLoader worker thread {worker_id} ({what})"
 
-
-# --- worker side -----------------------------------------------------------------
 
 def _worker_main(shared: _Shared, cfg: _Config, worker_id: int) -> None:
     """Body of one worker thread: set up worker info, init, then serve tasks."""
