@@ -72,6 +72,18 @@ def test_image_pipeline_benchmark_smoke(tmp_path) -> None:
     assert "worker_processes=1" in next(r["name"] for r in rows if r["key"] == "2p")
     with pytest.raises(SystemExit):  # argparse: one line on stderr, status 2
         mod.main(["--quick", "--workers", "2", "--worker-processes", "3"])
+    # Batches made before timing starts are never timed: every loader skips its
+    # in-flight depth (2 x 6 workers), and the samplers cycle over the 40 images.
+    warmups = []
+    real_rate = mod._rate
+
+    def rate(loader, batches, batch_size, warmup=2):
+        warmups.append(warmup)
+        return real_rate(loader, batches, batch_size, warmup)
+
+    mod._rate = rate
+    rows = mod.main(["--quick", "--data", str(tmp_path / "data"), "--workers", "6", "--worker-processes", "2"])
+    assert warmups == [12] * 5 and all(r["img_per_s"] > 0 for r in rows)
 
 
 def test_generation_says_where_and_how_to_remove(tmp_path, capsys) -> None:
