@@ -198,6 +198,16 @@ def _fetch_map(cfg: _Config, index: Any, worker_id: int) -> Any:
     return data
 
 
+def _next_task(shared: _Shared, counters: WorkerCounters, worker_id: int) -> Any:
+    """Wait, counted as idle, for the worker's next task: ``(task, generation, index)``, or None: stop."""
+    counters.busy = False
+    job = shared.next_job(worker_id)
+    if job is None or shared.stopping:
+        return None
+    counters.busy = True
+    return job
+
+
 def _map_step(shared: _Shared, cfg: _Config, worker_id: int, init_error: ExceptionWrapper | None) -> bool:
     """Serve one map-style task: fetch its samples, collate, post. False: stop.
 
@@ -206,11 +216,9 @@ def _map_step(shared: _Shared, cfg: _Config, worker_id: int, init_error: Excepti
     must not keep the last batch alive.
     """
     counters = shared.counters[worker_id]
-    counters.busy = False
-    job = shared.next_job(worker_id)
-    if job is None or shared.stopping:
+    job = _next_task(shared, counters, worker_id)
+    if job is None:
         return False
-    counters.busy = True
     idx, gen, index = job
     if gen != shared.generation:
         return True  # an abandoned epoch's task: the consumer no longer waits for it
@@ -257,11 +265,9 @@ def _serve_iterable(shared: _Shared, cfg: _Config, worker_id: int, init_error: E
 def _iterable_step(shared: _Shared, cfg: _Config, worker_id: int, replica: _Replica, collate: Callable) -> bool:
     """Serve one job (a function so that the batch is not kept while idle). False: stop."""
     counters = shared.counters[worker_id]
-    counters.busy = False
-    job = shared.next_job(worker_id)
-    if job is None or shared.stopping:
+    job = _next_task(shared, counters, worker_id)
+    if job is None:
         return False
-    counters.busy = True
     idx, gen, index = job
     if replica.init_error is not None:
         shared.post(gen, idx, worker_id, replica.init_error)
