@@ -43,20 +43,30 @@ def _stat_fields(pid: int | str) -> list[bytes]:
         return f.read().rsplit(b")", 1)[1].split()
 
 
-def _usage_of(pid: int | str, tick_s: float) -> Usage:
-    fields = _stat_fields(pid)
+def _usage_of(fields: list[bytes], tick_s: float) -> Usage:
     return Usage((int(fields[11]) + int(fields[12])) * tick_s, int(fields[7]) + int(fields[9]))
 
 
-def _descendants(pid: int) -> list[int]:
-    """Live descendants of ``pid``, from every process's parent in /proc."""
-    children: dict[int, list[int]] = {}
+def _processes() -> dict[int, list[bytes]]:
+    """pid -> its /proc stat fields, for every process that is still there."""
+    table = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                children.setdefault(int(_stat_fields(entry)[1]), []).append(int(entry))
-            except (OSError, IndexError, ValueError):  # it ended meanwhile
+                table[int(entry)] = _stat_fields(entry)
+            except OSError:  # it ended meanwhile
                 pass
+    return table
+
+
+def _descendants(pid: int, table: dict[int, list[bytes]]) -> list[int]:
+    """Live descendants of ``pid`` in ``table`` (the parent is its second field)."""
+    children: dict[int, list[int]] = {}
+    for child, fields in table.items():
+        try:
+            children.setdefault(int(fields[1]), []).append(child)
+        except (IndexError, ValueError):
+            pass
     found, todo = [], [pid]
     while todo:
         kids = children.get(todo.pop(), [])
@@ -74,12 +84,13 @@ def usage() -> Usage | None:
     """
     try:
         tick_s = 1.0 / os.sysconf("SC_CLK_TCK")
-        total = _usage_of("self", tick_s)
-    except (OSError, IndexError, ValueError, AttributeError):
+        table = _processes()
+        total = _usage_of(table[os.getpid()], tick_s)
+    except (OSError, KeyError, IndexError, ValueError, AttributeError):
         return None
-    for pid in _descendants(os.getpid()):
+    for pid in _descendants(os.getpid(), table):
         try:
-            total = total + _usage_of(pid, tick_s)
-        except (OSError, IndexError, ValueError):  # it ended meanwhile
+            total = total + _usage_of(table[pid], tick_s)
+        except (IndexError, ValueError):
             pass
     return total
