@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from threadloader.datagen import make_imagenet_like
+
 __all__ = ["SMALL_IMAGE", "SMALL_SIZE", "python_time_per_image"]
 
 
@@ -107,29 +109,10 @@ def _path_minus_native(
     return path_s, min(natives), max(natives) - min(natives), n
 
 
-#: The small JPEGs of the quiet Python-time measurement: (height, width) -> output side.
+#: The small JPEGs of the quiet Python-time measurement (typical (height, width), as
+#: ``datagen.make_imagenet_like`` scatters sizes around it) -> output side.
 SMALL_IMAGE = (48, 64)
 SMALL_SIZE = 32
-
-
-def _small_jpegs(folder: Path, count: int, seed: int = 0) -> list[Path]:
-    """``count`` small photo-like JPEGs (blocky noise, :data:`SMALL_IMAGE`) in ``folder/c0``."""
-    import numpy as np
-
-    from threadloader.io._codec import jpeg
-
-    rng = np.random.default_rng(seed)
-    out = folder / "c0"
-    out.mkdir(parents=True, exist_ok=True)
-    h, w = SMALL_IMAGE
-    paths = []
-    for i in range(count):
-        blocks = rng.integers(0, 256, (h // 8, w // 8, 3), dtype=np.uint8)
-        pixels = np.ascontiguousarray(blocks.repeat(8, 0).repeat(8, 1))
-        path = out / f"{i}.jpg"
-        path.write_bytes(jpeg.encode_jpeg(pixels, quality=90, colorspace="RGB"))
-        paths.append(path)
-    return paths
 
 
 def python_time_per_image(
@@ -174,7 +157,10 @@ def python_time_per_image(
     result: dict[str, float] = {}
     try:
         with tempfile.TemporaryDirectory(prefix="threadloader-pytime-") as tmp:
-            small = _small_jpegs(Path(tmp), min(images, 64))
+            # Photo-like, sizes scattered around SMALL_IMAGE (all under the
+            # DCT-scaling threshold, as the bench's 375x500 images are for 224).
+            small = sorted(make_imagenet_like(tmp, num_classes=1, images_per_class=min(images, 64),
+                                              size=SMALL_IMAGE).rglob("*.JPEG"))
             measured = _path_minus_native(tmp, small, SMALL_SIZE, batch_size, max(images, 256), rounds)
         if measured is not None:
             path_s, native_s, _, n = measured
