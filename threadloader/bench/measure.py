@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from threadloader.bench.usage import usage
 from threadloader.bench.pipelines import BASELINE, CONFIGS, LOADERS, build_loader
+from threadloader.bench.usage import usage
 
 __all__ = [
     "Measurement",

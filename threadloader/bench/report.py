@@ -33,8 +33,8 @@ __all__ = [
 COLUMNS = ("config", "workers", "loader", "img/s", "first_batch_s", "images", "cores", "faults/img", "ratio", "note")
 
 #: Fixed precision per column in printed tables (other floats: 2 decimals).
-_FORMATS = {"img/s": "{:.1f}", "first_batch_s": "{:.3f}", "cores": "{:.1f}", "faults/img": "{:.1f}", "ratio": "{:.2f}", "peak img/s": "{:.1f}",
-            "vs DataLoader": "{:.2f}", "of kernel bound": "{:.2f}"}
+_FORMATS = {"img/s": "{:.1f}", "first_batch_s": "{:.3f}", "cores": "{:.1f}", "faults/img": "{:.1f}",
+            "ratio": "{:.2f}", "peak img/s": "{:.1f}", "vs DataLoader": "{:.2f}", "of kernel bound": "{:.2f}"}
 
 
 class _NoBar:
