@@ -114,6 +114,22 @@ def init_distributed(backend: str) -> tuple[int, int, int]:
     return dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0))
 
 
+def host_group() -> Any:
+    """A gloo group of every rank, for collectives on tensors made in Python (metrics, the checkpoint dir).
+
+    Not the group DDP uses. Once a DDP model has used a group, torch keeps that
+    group and its gloo worker threads alive after ``destroy_process_group()``
+    (seen on torch 2.13 and 2.14). A gloo worker releases a collective's tensors
+    some time after the collective returned; if that is a tensor made in Python,
+    and the interpreter is already shutting down by then, the worker aborts the
+    process ("terminate called without an active exception", rare, more likely
+    on a loaded machine). DDP's own traffic (its gradient buckets) holds no
+    Python tensors, and this group, which no DDP model holds, is freed by
+    ``destroy_process_group()``, which first joins its threads.
+    """
+    return dist.new_group(backend="gloo")
+
+
 def _atomic_save(obj: Any, path: Path) -> None:
     """Write then rename, so a preemption during the save never leaves a torn checkpoint."""
     tmp = path.with_name(f".{path.name}.tmp")
@@ -187,6 +203,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     use_cuda = torch.cuda.is_available() and not args.smoke
     rank, world, local_rank = init_distributed("nccl" if use_cuda else "gloo")
     try:
+        host = host_group()
         if use_cuda:
             torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
@@ -198,7 +215,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         ckpt_dir = args.ckpt_dir
         if ckpt_dir is None:  # one temp dir, chosen by rank 0 (one node only)
             box = [tempfile.mkdtemp(prefix="ddp_train_") if rank == 0 else None]
-            dist.broadcast_object_list(box, src=0)
+            dist.broadcast_object_list(box, src=0, group=host)
             ckpt_dir = Path(box[0])
         ckpt_dir.mkdir(parents=True, exist_ok=True)
 
@@ -246,8 +263,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                         commit()
                         if args.stop_after is not None and step >= args.stop_after:
                             return rows  # "preempted" right after a checkpoint
-                stats = torch.stack([total, torch.tensor(float(count), device=device)])
-                dist.all_reduce(stats)
+                stats = torch.stack([total, torch.tensor(float(count), device=device)]).cpu()
+                dist.all_reduce(stats, group=host)
                 snap = loader.stats().snapshot() if loader.stats() is not None else {"items_per_s": 0.0}
                 row = {"rank": rank, "epoch": epoch, "step": step, "loss": (stats[0] / stats[1].clamp(min=1)).item(),
                        "samples": int(stats[1].item()), "loader": snap["items_per_s"]}

@@ -226,3 +226,42 @@ def test_ddp_example_smoke_preempted_and_resumed(tmp_path: Path) -> None:
         for epoch in range(smoke["epochs"]):
             expected = sampler_order(smoke["samples"], WORLD, r, example.SAMPLER_SEED, epoch, False)
             assert seen.get(epoch) == expected[: steps_per_epoch * smoke["batch_size"]], (r, epoch)
+
+
+_SPY = """
+import json, runpy, sys
+import torch.distributed as dist
+
+calls = []
+
+def spy(fn):
+    def wrapped(*args, group=None, **kwargs):
+        default = group is None or group is dist.group.WORLD or group == dist.distributed_c10d._get_default_group()
+        calls.append((fn.__name__, "ddp group" if default else "other group"))
+        return fn(*args, group=group, **kwargs)
+    return wrapped
+
+for name in ("all_reduce", "broadcast", "all_gather", "reduce", "broadcast_object_list", "all_gather_object"):
+    setattr(dist, name, spy(getattr(dist, name)))
+example = sys.argv[1]
+sys.argv = [example, "--smoke"]  # no --ckpt-dir: rank 0 broadcasts a temp dir
+runpy.run_path(example, run_name="__main__")
+print("CALLS " + json.dumps(calls))
+"""
+
+
+def test_ddp_example_keeps_python_tensors_off_the_ddp_group() -> None:
+    """Collectives on tensors made in Python go through a group no DDP model holds.
+
+    torch keeps a group that DDP used (and its gloo threads) alive past
+    destroy_process_group(); a gloo thread releasing a Python tensor during
+    interpreter shutdown aborts the rank (seen in CI: "terminate called without
+    an active exception", SIGABRT after the last epoch). See host_group().
+    """
+    proc = subprocess.run([sys.executable, "-c", _SPY, str(DDP_EXAMPLE)], capture_output=True, text=True,
+                          env=_env(), timeout=LAUNCH_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("CALLS "))
+    calls = [tuple(c) for c in json.loads(line[len("CALLS "):])]
+    assert ("broadcast_object_list", "other group") in calls and ("all_reduce", "other group") in calls, calls
+    assert all(where == "other group" for _, where in calls), calls
