@@ -119,7 +119,7 @@ def host_group() -> Any:
 
     Not the group DDP uses. Once a DDP model has used a group, torch keeps that
     group and its gloo worker threads alive after ``destroy_process_group()``
-    (seen on torch 2.13 and 2.14). A gloo worker releases a collective's tensors
+    (measured on torch 2.14.1). A gloo worker releases a collective's tensors
     some time after the collective returned; if that is a tensor made in Python,
     and the interpreter is already shutting down by then, the worker aborts the
     process ("terminate called without an active exception", rare, more likely

@@ -236,7 +236,7 @@ calls = []
 
 def spy(fn):
     def wrapped(*args, group=None, **kwargs):
-        default = group is None or group is dist.group.WORLD or group == dist.distributed_c10d._get_default_group()
+        default = group is None or group == dist.group.WORLD
         calls.append((fn.__name__, "ddp group" if default else "other group"))
         return fn(*args, group=group, **kwargs)
     return wrapped
