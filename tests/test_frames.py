@@ -447,6 +447,33 @@ def test_normalize_with_pending_frames_and_labels() -> None:
     assert torch.equal(got, want) and torch.equal(labels, labels2)
 
 
+def test_normalize_given_as_tensors_uses_their_current_values_and_keeps_no_copies() -> None:
+    from threadloader import frames as frames_module
+
+    frames = [_frame(4, 5, seed=1)]
+    u8 = frame_collate(frames).double()
+    mean, std = torch.tensor(MEAN), torch.tensor(STD)
+
+    def expected() -> torch.Tensor:
+        return (u8 / 255 - mean.double().view(1, 3, 1, 1)) / std.double().view(1, 3, 1, 1)
+
+    assert torch.allclose(frame_collate(frames, normalize=(mean, std)).double(), expected(), atol=1e-5)
+    mean.fill_(0.5)  # changed in place: the next batch sees the new values
+    std.copy_(torch.tensor([0.25, 0.5, 1.0]))
+    assert torch.allclose(frame_collate(frames, normalize=(mean, std)).double(), expected(), atol=1e-5)
+    # A fresh tensor per batch with the same values (a common way to write
+    # it) does not make the cache grow.
+    frame_collate(frames, normalize=(torch.tensor(MEAN), torch.tensor(STD)))
+    before = len(frames_module._transforms)
+    for _ in range(50):
+        frame_collate(frames, normalize=(torch.tensor(MEAN), torch.tensor(STD)))
+    assert len(frames_module._transforms) == before
+    # New values each batch: the cache stays bounded.
+    for i in range(3 * frames_module._TRANSFORMS_KEPT):
+        frame_collate(frames, normalize=([i / 1000] * 3, STD))
+    assert len(frames_module._transforms) <= frames_module._TRANSFORMS_KEPT
+
+
 def test_normalize_bad_arguments() -> None:
     frames = [_frame()]
     for bad in [((0.5,), (0.0,)), ((0.5, 0.5), (1.0,)), "mean"]:

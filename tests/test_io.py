@@ -164,6 +164,23 @@ def test_crop_with_dct_scaling_close_to_full_decode_crop() -> None:
         assert mean < 2.0 and m <= 16, (crop, m, mean)
 
 
+@pytest.mark.parametrize("shape", [(1001, 1003), (803, 1203), (999, 997)])
+def test_crop_with_dct_scaling_on_sizes_not_multiple_of_8(shape) -> None:
+    # A scaled pixel is one f x f source block whatever the image size: a crop
+    # edge at y maps to y / f (the region decoder once mapped it with
+    # ceil(H / f) / H, a shift of one scaled row on such sizes).
+    data = codec.encode_jpeg(smooth_image(*shape, seed=5), quality=95)
+    full = Image.fromarray(decode_image(data).numpy())
+    # Crop edges on multiples of 8 (as RandomResizedCropLoader snaps them):
+    # exact at 1/8 scale, so what remains is the DCT filter's difference.
+    for crop, size in [((400, 496, 400, 496), (25, 31)), ((96, 200, 704, 640), (44, 40)),
+                       ((8, 0, 640, 704), (40, 44))]:
+        top, left, ch, cw = crop
+        ref = T.PILToTensor()(T.Resize(size)(full.crop((left, top, left + cw, top + ch))))
+        m, mean = diff(decode_image(data, crop=crop, size=size).to_tensor(), ref)
+        assert mean < 2.0 and m <= 16, (shape, crop, m, mean)
+
+
 def test_crop_outside_image_raises(jpeg) -> None:
     for crop in [(0, 0, 121, 10), (-1, 0, 5, 5), (0, 150, 10, 11), (0, 0, 0, 5)]:
         with pytest.raises(ValueError, match="does not fit"):
@@ -333,11 +350,77 @@ def test_truncated_png_detected_even_with_load_truncated_images(rgb, monkeypatch
         decode_image(cmyk[: len(cmyk) // 2])
 
 
+_PILLOW_FORMATS = [("BMP", "RGB", {}), ("BMP", "P", {}), ("GIF", "P", {}), ("TIFF", "RGB", {}),
+                   ("TIFF", "RGB", {"compression": "tiff_lzw"}), ("PPM", "RGB", {}), ("TGA", "RGB", {}),
+                   ("TGA", "RGB", {"compression": "tga_rle"}), ("WEBP", "RGB", {"lossless": True}),
+                   ("WEBP", "RGB", {}), ("ICO", "RGBA", {}), ("PNG", "RGBA", {}), ("PCX", "RGB", {})]
+
+
+@pytest.mark.parametrize("flag", [False, True])
+@pytest.mark.parametrize("fmt,mode,kw", _PILLOW_FORMATS, ids=lambda v: str(v))
+def test_truncated_files_refused_in_every_format_whatever_load_truncated_images(
+        fmt, mode, kw, flag, monkeypatch) -> None:
+    from PIL import ImageFile
+
+    monkeypatch.setattr(ImageFile, "LOAD_TRUNCATED_IMAGES", flag)
+    data = encode(np.random.default_rng(0).integers(0, 256, (37, 53, 3), dtype=np.uint8), fmt, mode, **kw)
+    ref = np.array(pil_rgb(data))
+    # The whole file decodes (other formats' probes reading past its end are not truncation).
+    assert np.array_equal(decode_image(data).numpy(), ref)
+    for cut in sorted({len(data) // 2, len(data) * 3 // 4, len(data) - 1, *range(1, len(data), 97)}):
+        try:
+            got = decode_image(data[:cut]).numpy()
+        except ImageDecodeError:
+            continue
+        # Never half-decoded: what comes back is the whole image.
+        assert np.array_equal(got, ref), (fmt, cut, len(data))
+
+
 def test_bad_arguments(jpeg) -> None:
     with pytest.raises(TypeError):
         decode_image(12345)  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         decode_image(jpeg, size=(0, 5))
+
+
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG", "BMP"])
+def test_bad_arguments_are_value_errors_for_every_format(rgb, fmt) -> None:
+    data = encode(rgb, fmt)
+    bad = [dict(size=True), dict(size=(10.5, 10)), dict(size="ab"), dict(size=(1, 2, 3)),
+           dict(crop=(1, 2, 3)), dict(crop=(1.7, 2, 5, 5)), dict(crop=5), dict(crop=(0, 0, True, 5)),
+           dict(reducing_gap=0.5), dict(reducing_gap=-1.0), dict(reducing_gap=float("nan")),
+           dict(reducing_gap="2")]
+    for kwargs in bad:
+        with pytest.raises(ValueError) as info:
+            decode_image(data, **kwargs)
+        # The caller's mistake, not a bad image: code skipping bad files with
+        # ``except ImageDecodeError`` must not skip every file for it.
+        assert not isinstance(info.value, ImageDecodeError), (kwargs, info.value)
+    with pytest.raises(ValueError, match="reducing_gap must be 1.0 or greater"):
+        RandomResizedCropLoader(32, reducing_gap=0.5)
+    # NumPy integers are integers.
+    assert decode_image(data, size=np.int64(8), crop=np.array([1, 2, 50, 60])).shape == (8, 8, 3)
+    assert decode_image(data, size=(np.int32(8), 9)).shape == (8, 9, 3)
+
+
+def test_strided_and_reversed_buffers_decode_their_logical_bytes(jpeg) -> None:
+    ref = decode_image(jpeg).numpy()
+    store = np.zeros(2 * len(jpeg), np.uint8)
+    store[::2] = np.frombuffer(jpeg, np.uint8)
+    assert np.array_equal(decode_image(store[::2]).numpy(), ref)
+    assert np.array_equal(decode_image(memoryview(store)[::2]).numpy(), ref)
+    # A reversed view whose logical bytes are no image, with a JPEG in the
+    # memory right after its first element: the decoder must not read it.
+    n = len(jpeg)
+    store = np.zeros(4 * n, np.uint8)
+    store[2 * n:3 * n] = np.frombuffer(jpeg, np.uint8)
+    store[2 * n - 1], store[2 * n - 2] = 0xD8, 0xFF
+    view = store[n + 1:2 * n + 1][::-1]
+    assert view.tobytes()[:3] == b"\xff\xd8\xff" and not any(view.tobytes()[3:])
+    with pytest.raises(ImageDecodeError):
+        decode_image(view)
+    with pytest.raises(ImageDecodeError):
+        image_size(view[::2])
 
 
 # --- ImageFolder through loaders ----------------------------------------------------
@@ -468,6 +551,7 @@ def test_load_npy_errors() -> None:
         good[:20]: "truncated NPY header",
         good[:-1]: "truncated NPY data",
         good[:6] + b"\x04\x00" + good[8:]: "unsupported NPY format version",
+        good[:6] + b"\x01\x05" + good[8:]: "unsupported NPY format version 1.5",
         good.replace(b"'descr'", b"'descX'"): "malformed NPY header",
         good.replace(b"<i8", b"<zz"): "bad descr",
         good.replace(b"(10,)", b"(-1,)"): "bad shape",
@@ -481,6 +565,36 @@ def test_load_npy_errors() -> None:
         load_npy(_npy(np.array([1, "a", None], dtype=object)))
     with pytest.raises(TypeError):
         load_npy(12)  # type: ignore[arg-type]
+
+
+def test_load_npz_tells_arrays_by_magic_not_name() -> None:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("notes.npy", b"hello, not an array")
+        z.writestr("data.bin", _npy(np.arange(5)))
+        z.writestr("x.npy", _npy(np.zeros(2)))
+        z.writestr("x", _npy(np.ones(3)))  # an exact name wins over "x.npy", as in numpy
+    data = buf.getvalue()
+    got = load_npz(data)
+    with np.load(io.BytesIO(data)) as ref:
+        assert list(got) == [k for k in dict.fromkeys(ref.files)]
+        for k in got:
+            if isinstance(ref[k], np.ndarray):
+                _same(got[k], ref[k])
+            else:
+                assert got[k] == ref[k]
+
+
+def test_load_npz_checks_the_crc_of_stored_members() -> None:
+    buf = io.BytesIO()
+    np.savez(buf, a=np.arange(10, dtype=np.int16))
+    bad = bytearray(buf.getvalue())
+    at = bytes(bad).rfind(np.arange(10, dtype=np.int16).tobytes())
+    bad[at + 5] ^= 0xFF
+    with pytest.raises(zipfile.BadZipFile):
+        np.load(io.BytesIO(bytes(bad)))["a"]
+    with pytest.raises(ValueError, match="'a.npy'.*CRC"):
+        load_npz(bytes(bad))
 
 
 def test_load_npz_errors() -> None:

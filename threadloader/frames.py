@@ -227,19 +227,35 @@ def _size(shape: tuple[int, ...]) -> str:
     return f"{h}x{w} (HxW) with {c} channels"
 
 
+#: Validated conversions by the *values* of their arguments (a tensor or array
+#: hashes by identity: keyed so, a fresh tensor per call would add an entry each
+#: time, and one changed in place would keep its old values). Bounded.
 _transforms: dict[Any, Any] = {}
+_TRANSFORMS_KEPT = 64
+
+
+def _values_key(normalize: Any) -> Any:
+    """``normalize`` as a hashable key of its values, or None if it has no plain numeric values."""
+    if normalize is None:
+        return ()
+    try:
+        mean, std = normalize
+        parts = []
+        for v in (mean, std):
+            a = np.asarray(v.detach().cpu() if isinstance(v, torch.Tensor) else v, dtype=np.float64)
+            parts.append((a.shape, a.tobytes()))
+        return tuple(parts)
+    except (TypeError, ValueError, RuntimeError):
+        return None  # ImageTransform says what is wrong with it
 
 
 def _transform(normalize: Any, dtype: torch.dtype | None) -> Any:
     """The (cached, validated) uint8 -> float conversion for these arguments."""
     if dtype is None:
         dtype = torch.float32
-    try:
-        key = (normalize, dtype)
-        transform = _transforms.get(key)
-    except TypeError:  # lists: unhashable
-        key = None
-        transform = None
+    values = _values_key(normalize)
+    key = None if values is None else (values, dtype)
+    transform = None if key is None else _transforms.get(key)
     if transform is None:
         from .device import ImageTransform
 
@@ -247,6 +263,8 @@ def _transform(normalize: Any, dtype: torch.dtype | None) -> Any:
         # results whichever stage normalizes.
         transform = ImageTransform(normalize=normalize, dtype=dtype, channels_last=True)
         if key is not None:
+            if len(_transforms) >= _TRANSFORMS_KEPT:
+                _transforms.clear()  # a cache: rebuilt on demand
             _transforms[key] = transform
     return transform
 

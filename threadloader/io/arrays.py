@@ -59,6 +59,8 @@ def _parse_npy(view: memoryview, what: str) -> np.ndarray:
     if n < 10:
         raise ValueError(f"{what}: truncated NPY header ({n} bytes, a header needs at least 10)")
     major, minor = view[6], view[7]
+    if minor != 0:  # numpy.load knows (1, 0), (2, 0) and (3, 0) only
+        raise ValueError(f"{what}: unsupported NPY format version {major}.{minor}")
     if major == 1:
         (hlen,), start, encoding = struct.unpack("<H", view[8:10]), 10, "latin1"
     elif major in (2, 3):
@@ -141,8 +143,9 @@ def load_npz(data: Any) -> dict[str, Any]:
 
     Returns:
         ``{name: array}`` with the ``.npy`` suffix stripped, like
-        ``numpy.load``'s keys; members that are not ``.npy`` files map to
-        their raw bytes, as ``numpy.load`` gives them.
+        ``numpy.load``'s keys; members that are not NPY data (no NPY magic,
+        whatever their name) map to their raw bytes, as ``numpy.load`` gives
+        them. Every member's CRC is checked, as ``numpy.load`` does.
 
     Raises:
         ValueError: not a zip file, truncated or corrupt members, encrypted
@@ -155,13 +158,21 @@ def load_npz(data: Any) -> dict[str, Any]:
         raise ValueError(f"npz data: not a zip archive or truncated ({e})") from None
     out: dict[str, Any] = {}
     with archive:
-        for info in archive.infolist():
+        infos = archive.infolist()
+        names = {info.filename for info in infos}
+        # As numpy.load: the key is the name without ".npy" (a member named
+        # exactly so wins over "<name>.npy"), and a member is an array when it
+        # starts with the NPY magic, whatever its name.
+        for info in infos:
             member = info.filename
+            key = member[:-4] if member.endswith(".npy") else member
+            if key != member and key in names:
+                continue
             raw = _member_bytes(archive, info, view)
-            if member.endswith(".npy"):
-                out[member[:-4]] = _parse_npy(raw, f"npz member {member!r}")
+            if raw[:len(_NPY_MAGIC)].tobytes() == _NPY_MAGIC:
+                out[key] = _parse_npy(raw, f"npz member {member!r}")
             else:
-                out[member] = raw.tobytes()
+                out[key] = raw.tobytes()
     return out
 
 
@@ -178,7 +189,11 @@ def _member_bytes(archive: zipfile.ZipFile, info: zipfile.ZipInfo, view: memoryv
     if end > view.nbytes:
         raise ValueError(f"{what}: truncated (needs {end} bytes, archive has {view.nbytes})")
     if info.compress_type == zipfile.ZIP_STORED:
-        return view[start:end]  # a view: no copy
+        stored = view[start:end]  # a view: no copy
+        # numpy.load checks the CRC of every member (zipfile does); so does this.
+        if info.compress_size != info.file_size or zlib.crc32(stored) != info.CRC:
+            raise ValueError(f"{what}: corrupt data (size or CRC mismatch)")
+        return stored
     if info.compress_type == zipfile.ZIP_DEFLATED:
         try:
             raw = zlib.decompress(view[start:end], -zlib.MAX_WBITS, max(info.file_size, 1))

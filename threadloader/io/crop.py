@@ -13,7 +13,9 @@ import math
 import torch
 
 from ..frames import Frame
-from .image import Source, _dct_factor, _decode_data, _edge, _is_jpeg, _pair, _read_source, _size_of
+from .image import (
+    Source, _check_reducing_gap, _dct_factor, _decode_data, _edge, _is_jpeg, _pair, _read_source, _size_of,
+)
 
 __all__ = ["random_resized_crop_params", "RandomResizedCropLoader"]
 
@@ -112,7 +114,7 @@ class RandomResizedCropLoader:
         self.scale = (float(scale[0]), float(scale[1]))
         self.ratio = (float(ratio[0]), float(ratio[1]))
         self.generator = generator
-        self.reducing_gap = reducing_gap
+        self.reducing_gap = _check_reducing_gap(reducing_gap)
         self.fastdct = fastdct
         self.fastupsample = fastupsample
 

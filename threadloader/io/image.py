@@ -19,6 +19,7 @@ from __future__ import annotations
 import errno
 import io
 import math
+import numbers
 import os
 import stat
 import struct
@@ -84,6 +85,11 @@ def _read_source(source: Any) -> Any:
         return _read_file(source)
     if isinstance(source, (bytes, bytearray, memoryview, np.ndarray)):
         data = memoryview(source)
+        if not data.c_contiguous:
+            # The decoders read the buffer's memory as one run of bytes: a
+            # strided or reversed view must become its logical bytes first
+            # (else they would read memory outside it).
+            return data.tobytes()
         if data.ndim != 1 or data.itemsize != 1:
             data = data.cast("B")
         return data
@@ -111,20 +117,40 @@ def _fail(source: Any, reason: str) -> ImageDecodeError:
 
 # --- geometry ------------------------------------------------------------------
 
+def _is_int(v: Any) -> bool:
+    # Python and NumPy integers; not bool (True is no size) and not floats
+    # (1.7 would be truncated silently).
+    return isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_))
+
+
 def _pair(size: int | Sequence[int], what: str) -> tuple[int, int]:
     if type(size) is tuple and len(size) == 2:  # fast path: the usual (h, w) of ints
         h, w = size
         if type(h) is int and type(w) is int and h > 0 and w > 0:
             return size  # type: ignore[return-value]
-    if isinstance(size, int):
-        pair = (size, size)
+    if _is_int(size):
+        items: tuple = (size, size)
     else:
-        pair = tuple(int(s) for s in size)
-        if len(pair) == 1:
-            pair = (pair[0], pair[0])
-    if len(pair) != 2 or pair[0] <= 0 or pair[1] <= 0:
+        try:
+            items = tuple(size)  # type: ignore[arg-type]
+        except TypeError:
+            items = ()
+        if len(items) == 1:
+            items = (items[0], items[0])
+    if len(items) != 2 or not all(_is_int(v) and v > 0 for v in items):
         raise ValueError(f"{what} must be a positive int or (height, width), got {size!r}")
-    return pair  # type: ignore[return-value]
+    return int(items[0]), int(items[1])
+
+
+def _crop_box(crop: Any) -> tuple[int, int, int, int]:
+    """``crop`` as four ints, checked before anything is decoded (same error for every format)."""
+    try:
+        box = tuple(crop)
+    except TypeError:
+        box = ()
+    if len(box) != 4 or not all(_is_int(v) for v in box):
+        raise ValueError(f"crop must be (top, left, height, width) integers, got {crop!r}")
+    return int(box[0]), int(box[1]), int(box[2]), int(box[3])
 
 
 class _CropOutsideImage(ValueError):
@@ -139,6 +165,15 @@ def _check_crop(crop: Sequence[int], height: int, width: int, src: Any) -> tuple
             f"of size {height}x{width} (HxW)"
         )
     return top, left, h, w
+
+
+def _check_reducing_gap(reducing_gap: float | None) -> float | None:
+    # Below 1 the DCT scale would drop below the output size (and upscale).
+    if reducing_gap is None or (type(reducing_gap) is float and reducing_gap >= 1.0):  # per image: cheap first
+        return reducing_gap
+    if not (isinstance(reducing_gap, numbers.Real) and reducing_gap >= 1.0):
+        raise ValueError("reducing_gap must be 1.0 or greater")  # Pillow's message
+    return reducing_gap
 
 
 def _dct_factor(crop_h: int, crop_w: int, size: tuple[int, int], reducing_gap: float) -> int:
@@ -190,7 +225,7 @@ def _decode_simplejpeg(
         # Decode only the crop (rows above it are skipped, rows below never
         # read, columns outside it not transformed), at the same scale and
         # with the same edges as the whole-image path below.
-        box = _scaled_box((top, left, ch, cw), -(-height // factor) / height, -(-width // factor) / width)
+        box = _scaled_box((top, left, ch, cw), 1.0 / factor, 1.0 / factor)
         raw = data if isinstance(data, bytes) else bytes(data)
         # libjpeg stops reading after the crop's last row: check the end of
         # the file here, so that a truncated file is refused as it is below.
@@ -236,16 +271,43 @@ def _complete(data: Any, fmt: str | None) -> bool:
     return True
 
 
+class _EndWatch(io.BytesIO):
+    """The encoded bytes as Pillow reads them, noting a read that found no data left.
+
+    Pillow's decoding loop reads past the end only when the image needs
+    more data than the file has; it raises then, unless the process-wide
+    ``ImageFile.LOAD_TRUNCATED_IMAGES`` is set, when it returns the image
+    padded. The note refuses such files whatever that flag says.
+    """
+
+    ran_out = False
+
+    def read(self, size: int | None = -1) -> bytes:
+        chunk = super().read(size)
+        if not chunk and size != 0:
+            self.ran_out = True
+        return chunk
+
+
 def _decode_pillow(data: Any, src: Any, crop: Sequence[int] | None) -> np.ndarray:
     from PIL import Image, UnidentifiedImageError
 
     try:
-        with Image.open(io.BytesIO(data)) as im:
+        # Identify the format first, then open again with that plugin alone:
+        # the other plugins' probes read past the end of small files, which
+        # must not count as truncation.
+        with Image.open(io.BytesIO(data)) as probe:
+            fmt = probe.format
+        fp = _EndWatch(data)
+        with Image.open(fp, formats=[fmt] if fmt else None) as im:
             if not _complete(data, im.format):
                 raise _fail(src, f"truncated {im.format} data (no end marker)")
             if crop is not None:
                 top, left, h, w = _check_crop(crop, im.height, im.width, src)
-                im.load()
+            im.load()
+            if fp.ran_out:
+                raise _fail(src, f"truncated {im.format} data")
+            if crop is not None:
                 im = im.crop((left, top, left + w, top + h))
             # Same conversion as torchvision's pil_loader (alpha dropped,
             # palette expanded, CMYK/grey converted by Pillow).
@@ -325,12 +387,18 @@ def decode_image(
         FileNotFoundError: ``source`` is a path that does not exist.
         ImageDecodeError: empty, truncated, corrupt or non-image data (the
             message names the file, or ``<bytes of length N>``).
-        ValueError: a bad ``size`` or a ``crop`` outside the image.
+        ValueError: a bad ``size``, ``crop`` (not four integers, or outside
+            the image) or ``reducing_gap`` (below 1.0).
     """
+    # Arguments are checked before any I/O: a bad one is the caller's error,
+    # the same for every file, never an ImageDecodeError.
+    pair = _pair(size, "size") if size is not None else None
+    if crop is not None:
+        crop = _crop_box(crop)
+    _check_reducing_gap(reducing_gap)
     # ImageFolder's paths are the common case: first and cheapest.
     data = _read_file(source) if type(source) is str else _read_source(source)
-    return _decode_data(data, source, _pair(size, "size") if size is not None else None, crop,
-                        reducing_gap, fastdct, fastupsample)
+    return _decode_data(data, source, pair, crop, reducing_gap, fastdct, fastupsample)
 
 
 def image_size(source: Source) -> tuple[int, int]:
