@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import inspect
 import multiprocessing
@@ -131,6 +132,42 @@ def test_getitems_is_called_once_per_batch():
     assert sorted(ds.calls) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
 
 
+class _IndexTypes(Dataset):
+    """``__getitems__`` returns what it was given: its type and values."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i):
+        return i
+
+    def __getitems__(self, idx):
+        return [(type(idx).__name__, [int(i) for i in idx])]
+
+
+class _VariedBatches(torch.utils.data.Sampler):
+    def __len__(self) -> int:
+        return 4
+
+    def __iter__(self):
+        yield np.arange(0, 2)
+        yield torch.arange(2, 4)
+        yield range(4, 6)
+        # An iterator is read on the consumer thread (it may be a lazy view of
+        # the sampler's own iterator), as DataLoader reads it when pickling it.
+        yield iter([6, 7])
+
+
+def test_getitems_gets_what_the_batch_sampler_yielded_as_dataloader():
+    def run(cls, **kw):
+        loader = cls(_IndexTypes(), batch_sampler=_VariedBatches(), num_workers=2, collate_fn=lambda b: b, **kw)
+        return list(loader)
+
+    got = run(ThreadDataLoader)
+    assert got[:3] == run(DataLoader, multiprocessing_context="fork")[:3]
+    assert [kind for ((kind, _),) in got] == ["ndarray", "Tensor", "range", "list"]
+
+
 class _WhoFetched(Dataset):
     """Each sample says which worker fetched it (picklable for worker processes)."""
 
@@ -191,6 +228,46 @@ def test_default_collate_does_not_use_shared_memory():
     # ...whereas DataLoader's worker processes do put it there.
     batch = next(iter(DataLoader(Squares(8), batch_size=4, num_workers=1, multiprocessing_context="fork")))
     assert batch[1].is_shared()
+
+
+class _MixedSamples(Dataset):
+    """Samples whose dtypes differ, or that require grad: default_collate's edge cases in workers."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if self.kind == "grad":
+            return torch.ones(2, requires_grad=True)
+        first = torch.float32 if self.kind == "float" else torch.int64
+        return torch.tensor([i, i + 0.5], dtype=first if i % 2 == 0 else torch.float64)
+
+
+def _collate_outcome(cls, kind: str, num_workers: int, **kw):
+    try:
+        return [(b.dtype, b.tolist()) for b in cls(_MixedSamples(kind), batch_size=2, num_workers=num_workers, **kw)]
+    except (TypeError, RuntimeError) as e:
+        return type(e), str(e).strip().splitlines()[-1]
+
+
+@functools.lru_cache(maxsize=None)
+def _dataloader_collate_outcome(kind: str):
+    # One worker process: after a collate error DataLoader takes 5 s per
+    # worker to shut down; the batch's typing does not depend on the count.
+    return _collate_outcome(DataLoader, kind, 1, multiprocessing_context="fork")
+
+
+@pytest.mark.parametrize("kind", ["float", "long", "grad"])
+@pytest.mark.parametrize("worker_processes", [0, 1])
+def test_default_collate_in_workers_types_the_batch_as_dataloader_workers(kind, worker_processes):
+    # A DataLoader worker stacks into a batch of the first sample's dtype
+    # (``out=``): float32 then float64 gives float32, a float sample cannot go
+    # into a Long batch, and samples requiring grad are refused.
+    expected = _dataloader_collate_outcome(kind)
+    assert _collate_outcome(ThreadDataLoader, kind, 2, worker_processes=worker_processes) == expected
 
 
 # --- worker info and randomness -----------------------------------------------------------
@@ -332,6 +409,17 @@ def test_pin_memory_without_accelerator_warns_like_dataloader():
         batch = next(iter(ThreadDataLoader(Squares(4), batch_size=2, num_workers=1, pin_memory=True)))
     assert not batch[1].is_pinned()
 
+    # Same text, category, file and line as DataLoader's worker iterator: a
+    # filter on torch's dataloader module silences both.
+    def warned(cls, **kw):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            it = iter(cls(Squares(4), batch_size=2, num_workers=1, pin_memory=True, **kw))
+            del it
+        return [(w.category, str(w.message), w.filename, w.lineno) for w in caught]
+
+    assert warned(ThreadDataLoader) == warned(DataLoader, multiprocessing_context="fork")
+
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -457,12 +545,64 @@ def test_worker_thread_dying_is_reported_not_hung():
         list(ThreadDataLoader(Exits(4), num_workers=1, timeout=10))
 
 
+class _DiesAt(Dataset):
+    """Map-style: ``i`` everywhere but at ``bad``, where a BaseException ends the worker."""
+
+    def __init__(self, exc: BaseException, bad: int = 2, n: int = 6) -> None:
+        self.exc, self.bad, self.n = exc, bad, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        if i == self.bad:
+            raise self.exc
+        return i
+
+
+def _outcomes(loader, limit: int = 12) -> list:
+    """Each ``next()``'s result, an error's type, until StopIteration (a hang fails by timeout)."""
+    out, it = [], iter(loader)
+    while len(out) < limit:
+        try:
+            out.append(int(next(it)))
+        except StopIteration:
+            return out + ["StopIteration"]
+        except RuntimeError as e:
+            assert "exited unexpectedly" in str(e), e
+            out.append("exited")
+    return out
+
+
+@pytest.mark.parametrize("exc", [SystemExit(3), KeyboardInterrupt()], ids=["SystemExit", "KeyboardInterrupt"])
+@pytest.mark.parametrize("worker_processes", [0, 1])
+def test_dead_worker_is_skipped_after_its_error_as_dataloader_skips_a_dead_process(exc, worker_processes):
+    # DataLoader (the oracle, 5 s: its worker status check interval) raises
+    # once where the dead worker's task was due, then goes on with the other
+    # workers' tasks. The iterator used to wait forever for the dead one's.
+    expected = _outcomes(DataLoader(_DiesAt(SystemExit(3)), batch_size=None, num_workers=2))
+    assert expected == [0, 1, "exited", 3, 5, "StopIteration"]
+    got = _outcomes(ThreadDataLoader(_DiesAt(exc), batch_size=None, num_workers=2, timeout=20,
+                                     worker_processes=worker_processes))
+    assert got == expected
+
+
+@pytest.mark.parametrize("worker_processes", [0, 1])
+def test_persistent_loader_with_a_dead_worker_refuses_the_next_epoch(worker_processes):
+    loader = ThreadDataLoader(_DiesAt(SystemExit(3)), batch_size=None, num_workers=2, timeout=20,
+                              persistent_workers=True, worker_processes=worker_processes)
+    assert _outcomes(loader) == [0, 1, "exited", 3, 5, "StopIteration"]
+    with pytest.raises(RuntimeError, match=r"DataLoader worker \(thread\(s\) 0\) exited unexpectedly"):
+        iter(loader)
+
+
 def test_timeout_raises_on_time_while_a_worker_is_stuck():
     loader = ThreadDataLoader(Slow(4, 1.5), batch_size=None, num_workers=1, timeout=0.3)
     t0 = time.monotonic()
-    with pytest.raises(RuntimeError, match=r"^DataLoader timed out after 0.3 seconds$"):
+    with pytest.raises(RuntimeError, match=r"^DataLoader timed out after 0.3 seconds$") as info:
         next(iter(loader))
     assert time.monotonic() - t0 < 1.4
+    assert info.value.__context__ is None and info.value.__cause__ is None  # as DataLoader's
 
 
 def test_timeout_does_not_fire_when_data_arrives():

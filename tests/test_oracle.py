@@ -189,3 +189,59 @@ def test_num_workers_zero_is_dataloader_in_calling_thread():
     it = iter(ThreadDataLoader(dataset))
     assert isinstance(it, torch.utils.data.dataloader._SingleProcessDataLoaderIter)
     assert not [t for t in threading.enumerate() if t.name.startswith("threadloader-")]
+
+
+class _EpochSampler(torch.utils.data.Sampler):
+    """Yields indices that depend on ``set_epoch``, which Lightning calls after ``iter()``."""
+
+    def __init__(self) -> None:
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return 2
+
+    def __iter__(self):
+        yield from (self.epoch * 2, self.epoch * 2 + 1)
+
+
+class _RaisingSampler(torch.utils.data.Sampler):
+    def __len__(self) -> int:
+        return 3
+
+    def __iter__(self):
+        raise LookupError("sampler broke")
+        yield 0
+
+
+def test_num_workers_zero_asks_the_sampler_at_the_first_next_as_dataloader():
+    # DataLoader's single-process iterator draws nothing at iter(): a global
+    # draw or a set_epoch() in between decides the order.
+    def outcome(cls):
+        torch.manual_seed(0)
+        it = iter(cls(Squares(8), batch_size=2, shuffle=True))
+        drawn = torch.rand(1).item()
+        shuffled = to_list(it)
+        sampler = _EpochSampler()
+        it = iter(cls(Squares(8), sampler=sampler))
+        sampler.set_epoch(1)
+        by_epoch = to_list(it)
+        it = iter(cls(Squares(8), sampler=_RaisingSampler()))  # raises at next(), not here
+        with pytest.raises(LookupError, match="sampler broke"):
+            next(it)
+        return shuffled, drawn, by_epoch
+
+    assert outcome(ThreadDataLoader) == outcome(DataLoader)
+
+
+def test_num_workers_zero_checkpoint_before_the_first_batch_resumes_the_same_epoch():
+    torch.manual_seed(3)
+    loader = ThreadDataLoader(Squares(10), batch_size=3, shuffle=True)
+    it = iter(loader)
+    state = loader.state_dict()
+    expected = to_list(it)
+    resumed = ThreadDataLoader(Squares(10), batch_size=3, shuffle=True)
+    resumed.load_state_dict(state)
+    assert to_list(resumed) == expected

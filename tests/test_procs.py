@@ -17,8 +17,10 @@ import subprocess
 import sys
 import textwrap
 import time
-from multiprocessing import resource_tracker
+import warnings
+from multiprocessing import forkserver, resource_tracker
 
+import numpy as np
 import psutil
 import pytest
 import torch
@@ -37,10 +39,11 @@ FORK = "fork"
 
 def _children() -> list[psutil.Process]:
     # multiprocessing's resource tracker (started once by the spawn start
-    # method, for the whole session) is not a worker process.
-    tracker = getattr(resource_tracker._resource_tracker, "_pid", None)
+    # method, for the whole session) and its forkserver are not worker processes.
+    helpers = {getattr(resource_tracker._resource_tracker, "_pid", None),
+               getattr(forkserver._forkserver, "_forkserver_pid", None)}
     return [p for p in psutil.Process().children(recursive=True)
-            if p.status() != psutil.STATUS_ZOMBIE and p.pid != tracker]
+            if p.status() != psutil.STATUS_ZOMBIE and p.pid not in helpers]
 
 
 def _fds() -> set[str]:
@@ -73,9 +76,11 @@ def _wait(cond, timeout: float = 5.0) -> bool:
 @pytest.fixture(scope="module", autouse=True)
 def _warm_up():
     # multiprocessing opens some process-wide things once (its resource
-    # sharer, for example; and the resource tracker with its pipe, for the
-    # spawn start method); do that before the per-test baselines.
+    # sharer, for example; the resource tracker with its pipe, for the spawn
+    # start method; the forkserver and its pipe); do that before the per-test
+    # baselines.
     resource_tracker.ensure_running()
+    forkserver.ensure_running()
     list(ThreadDataLoader(Squares(4), batch_size=2, num_workers=2, worker_processes=2,
                           multiprocessing_context=FORK))
     gc.collect()
@@ -214,6 +219,14 @@ def test_bad_worker_processes_raise_one_line_value_errors(value, num_workers, ma
     assert "\n" not in str(info.value)
 
 
+def test_numpy_integer_worker_processes_accepted_as_dataloader_accepts_num_workers():
+    loader = ThreadDataLoader(Squares(6), batch_size=2, num_workers=np.int64(2), worker_processes=np.int64(2),
+                              multiprocessing_context=FORK)
+    assert to_list(loader) == to_list(DataLoader(Squares(6), batch_size=2, num_workers=np.int64(2)))
+    with pytest.raises(ValueError, match="worker_processes option should be an int"):
+        ThreadDataLoader(Squares(6), num_workers=2, worker_processes=np.bool_(True))
+
+
 def test_reinstantiation_keeps_worker_processes():
     loader = ThreadDataLoader(Squares(9), batch_size=2, num_workers=2, worker_processes=2, multiprocessing_context=FORK)
     params = inspect.signature(type(loader).__init__).parameters
@@ -268,6 +281,90 @@ def test_killed_worker_process_raises_instead_of_hanging():
     del it
 
 
+def test_persistent_loader_raises_the_crash_again_next_epoch():
+    loader = ThreadDataLoader(Slow(20, 0.01), batch_size=2, num_workers=2, worker_processes=2,
+                              persistent_workers=True, multiprocessing_context=FORK)
+    list(loader)
+    victim = loader._iterator._pool.pids[1]
+    os.kill(victim, signal.SIGKILL)
+    message = rf"^DataLoader worker \(pid\(s\) {victim}\) exited unexpectedly \(killed by signal: SIGKILL\)$"
+    with pytest.raises(RuntimeError, match=message):
+        list(loader)
+    for _ in range(2):  # as DataLoader's next epochs: the same error, never one of a closed queue
+        with pytest.raises(RuntimeError, match=message):
+            list(loader)
+    del loader
+
+
+def test_workers_keep_answering_after_the_iterator_stops():
+    def states(cls, **kw):
+        it = iter(cls(Squares(6), batch_size=2, num_workers=2, multiprocessing_context=FORK, **kw))
+        list(it)
+        workers = it._workers
+        for w in workers:
+            w.join(5)
+        return [(w.is_alive(), w.exitcode, isinstance(w.pid, int)) for w in workers]
+
+    assert states(ThreadDataLoader, worker_processes=2) == states(DataLoader) == [(False, 0, True)] * 2
+
+
+def _refuse_rebuild(x: int) -> None:
+    raise ValueError(f"cannot rebuild {x}")
+
+
+class Unreceivable:
+    """Pickles in the worker, but cannot be unpickled (e.g. fds ran out receiving a tensor)."""
+
+    def __init__(self, x: int) -> None:
+        self.x = x
+
+    def __reduce__(self):
+        return _refuse_rebuild, (self.x,)
+
+
+class Odd(Dataset):
+    """``make(i)`` at index ``at``, plain ints elsewhere."""
+
+    def __init__(self, n: int, at: int, make) -> None:
+        self.n, self.at, self.make = n, at, make
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return self.make(i) if i == self.at else i
+
+
+def test_result_that_cannot_be_received_raises_its_error_and_the_iterator_goes_on():
+    it = iter(ThreadDataLoader(Odd(5, 1, Unreceivable), batch_size=None, num_workers=2, worker_processes=2,
+                               timeout=10, multiprocessing_context=FORK))
+    pids = it._pool.pids
+    assert next(it) == 0
+    # DataLoader re-raises the unpickling error itself, and its worker lives on.
+    with pytest.raises(ValueError) as info:
+        next(it)
+    assert str(info.value) == "cannot rebuild 1"
+    if sys.version_info >= (3, 11):  # a note says where it happened
+        assert "receiving a result from DataLoader worker process" in info.value.__notes__[0]
+    assert all(p.is_alive() for p in it._workers) and it._pool.pids == pids
+    assert list(it) == [2, 3, 4]
+
+
+def _local_function(i: int):
+    return lambda: i  # cannot be pickled
+
+
+def test_result_that_cannot_be_sent_raises_instead_of_hanging():
+    # DataLoader's worker queue drops it (printing the error) and the loader waits for it forever.
+    it = iter(ThreadDataLoader(Odd(4, 2, _local_function), batch_size=None, num_workers=2, worker_processes=2,
+                               timeout=10, multiprocessing_context=FORK))
+    assert [next(it), next(it)] == [0, 1]
+    with pytest.raises(AttributeError, match="Can't pickle local object") as info:
+        next(it)
+    assert "sending its result" in str(info.value)
+    assert list(it) == [3]
+
+
 # --- shutdown on every exit path -----------------------------------------------------------
 
 @pytest.mark.parametrize("how", ["exhaust", "break", "raise", "persistent_del", "cycle"])
@@ -310,16 +407,12 @@ def test_persistent_workers_keep_their_processes_across_epochs():
 CHILD = textwrap.dedent(
     """
     import os, sys, time
-    from torch.utils.data import Dataset
+    sys.path.insert(0, {tests!r})  # Slow must be importable by spawned and forkserver children
+    from helpers import Slow
     from threadloader import ThreadDataLoader
 
-    class Slow(Dataset):
-        def __len__(self): return 10**6
-        def __getitem__(self, i):
-            time.sleep(0.01)
-            return i
-
-    loader = ThreadDataLoader(Slow(), batch_size=2, num_workers=2, worker_processes=2, persistent_workers=True)
+    loader = ThreadDataLoader(Slow(10**6, 0.01), batch_size=2, num_workers=2, worker_processes=2,
+                              persistent_workers=True, multiprocessing_context={context!r})
     it = iter(loader)
     next(it)
     try:  # the parent may interrupt as soon as it has read the pids
@@ -346,23 +439,35 @@ def _gone(pids: list[int]) -> bool:
     return all(dead(p) for p in pids)
 
 
-def _spawn(mode: str) -> tuple[subprocess.Popen, list[int]]:
-    proc = subprocess.Popen([sys.executable, "-c", CHILD.format(mode=mode)], stdout=subprocess.PIPE,
+def _spawn(mode: str, context: str | None = None) -> tuple[subprocess.Popen, list[int]]:
+    script = CHILD.format(mode=mode, context=context, tests=os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     pids = [int(p) for p in proc.stdout.readline().split()]
     assert len(pids) == 2, proc.stderr.read() if proc.poll() is not None else pids
     return proc, pids
 
 
-def test_children_exit_when_the_parent_is_killed():
-    proc, pids = _spawn("sleep")
+@pytest.mark.parametrize("context", [None, "forkserver"])
+def test_children_exit_when_the_parent_is_killed(context):
+    # Under forkserver the children's parent is the forkserver, not the killed process.
+    proc, pids = _spawn("sleep", context)
     try:
         proc.kill()
         proc.wait(timeout=5)
         assert _wait(lambda: _gone(pids), timeout=5), "worker processes outlived their killed parent"
     finally:
         proc.kill()
-        proc.communicate()
+        _terminate(pids)  # orphans (when the test fails) hold the pipes communicate() reads to EOF
+        proc.communicate(timeout=10)
+
+
+def _terminate(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            psutil.Process(pid).terminate()
+        except psutil.NoSuchProcess:
+            pass
 
 
 def test_ctrl_c_and_interpreter_exit_stop_the_children():
@@ -421,6 +526,28 @@ def test_spawn_start_method():
     loader = ThreadDataLoader(Squares(10), batch_size=3, num_workers=2, worker_processes=1,
                               multiprocessing_context="spawn")
     assert to_list(loader) == to_list(DataLoader(Squares(10), batch_size=3))
+
+
+def test_forkserver_start_method():
+    def batches(cls, **kw):
+        return to_list(cls(Squares(10), batch_size=3, shuffle=True, generator=torch.Generator().manual_seed(1),
+                           num_workers=2, multiprocessing_context="forkserver", **kw))
+
+    assert batches(ThreadDataLoader, worker_processes=2) == batches(DataLoader)
+
+
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+def test_unpicklable_arguments_warn_as_dataloader(context):
+    def attempt(cls, **kw):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with pytest.raises(AttributeError, match="Can't pickle local object"):
+                list(cls(Squares(4), num_workers=2, collate_fn=lambda b: b, multiprocessing_context=context, **kw))
+        return [w for w in caught if "Got pickle error" in str(w.message)]
+
+    ours, theirs = attempt(ThreadDataLoader, worker_processes=2), attempt(DataLoader)
+    assert [(str(w.message), w.category) for w in ours] == [(str(w.message), w.category) for w in theirs]
+    assert len(ours) == 1 and ours[0].filename == __file__  # the user's line
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -9,7 +9,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from torch.utils.data import DistributedSampler, IterableDataset, RandomSampler, Sampler
+from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler, Sampler
 
 from threadloader import ThreadDataLoader
 
@@ -237,3 +237,35 @@ def test_in_order_false_bookkeeping_stays_bounded():
         assert all(i >= it._rcvd_idx for i in it._consumed_ahead)
         assert len(it._consumed_ahead) < 100
     del it
+
+
+class _FlakyStateSampler(torch.utils.data.Sampler):
+    """A sampler whose state_dict() fails (not ready, unsupported...): DataLoader never calls it."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __iter__(self):
+        return iter(range(4))
+
+    def state_dict(self):
+        raise NotImplementedError("no state yet")
+
+    def load_state_dict(self, state) -> None:
+        pass
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_failing_state_dict_does_not_break_iteration_only_a_checkpoint(num_workers):
+    from threadloader.state import CheckpointUnavailable
+
+    loader = ThreadDataLoader(Squares(4), sampler=_FlakyStateSampler(), batch_size=2, num_workers=num_workers)
+    assert to_list(loader) == to_list(DataLoader(Squares(4), sampler=_FlakyStateSampler(), batch_size=2))
+    it = iter(loader)
+    next(it)
+    with pytest.raises(CheckpointUnavailable, match="sampler.state_dict.*no state yet") as info:
+        loader.state_dict()
+    assert isinstance(info.value.__cause__, NotImplementedError)
+    del it  # dropped mid-epoch: the checkpoint still cannot be taken, and says why
+    with pytest.raises(CheckpointUnavailable):
+        loader.state_dict()

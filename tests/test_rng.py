@@ -11,6 +11,7 @@ import functools
 import os
 import random
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -90,6 +91,35 @@ def test_persistent_workers_continue_their_streams_across_epochs():
         out.append([list(loader) for _ in range(2)])
         del loader
     assert _same(out[1], out[0])
+
+
+class _SlowAug(Dataset):
+    """A random augmentation after some I/O: abandoned epochs leave tasks queued."""
+
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, i: int) -> tuple:
+        time.sleep(0.02)
+        return torch.rand(1).item(), random.random(), float(np.random.rand())
+
+
+@pytest.mark.parametrize("worker_processes", [0, 1])
+def test_persistent_workers_abandoned_epoch_advances_worker_streams_as_dataloader(worker_processes):
+    # DataLoader's persistent worker processes still run the tasks queued for
+    # an epoch the loop left with ``break`` (their results are dropped), so the
+    # next epoch's augmentations are fixed. Dropping queued tasks instead made
+    # them depend on timing.
+    def next_epoch(cls, **kwargs):
+        torch.manual_seed(0)
+        loader = cls(_SlowAug(), batch_size=2, num_workers=2, persistent_workers=True, **kwargs)
+        for _ in loader:
+            break
+        return [b for b in loader]
+
+    want = next_epoch(DataLoader)
+    for _ in range(2):
+        assert _same(next_epoch(ThreadDataLoader, worker_processes=worker_processes), want)
 
 
 def test_random_collate_fn_matches_dataloader():

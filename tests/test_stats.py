@@ -64,14 +64,15 @@ needs_two_cores = pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="the GIL 
 
 
 def gil_warnings(monkeypatch, machine, seconds: float = 3 * GIL_CHECK_INTERVAL_S + 0.5,
-                 gil: bool | None = True) -> list:
+                 gil: bool | None = True, dataset=None, **loader_kwargs) -> list:
     # The figures are simulated, and so is the GIL unless ``gil`` is None: on
     # a free-threaded Python with the GIL off, the check must stay silent.
     if gil is not None:
         monkeypatch.setattr(sys, "_is_gil_enabled", lambda: gil, raising=False)
     monkeypatch.setattr(stats, "system_cpu_seconds", machine)
     monkeypatch.setattr(stats, "process_cpu_seconds", one_core)
-    loader = ThreadDataLoader(PythonLoop(100_000), batch_size=4, num_workers=2)
+    dataset = PythonLoop(100_000) if dataset is None else dataset
+    loader = ThreadDataLoader(dataset, batch_size=4, num_workers=2, **loader_kwargs)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         run_for(loader, seconds)
@@ -114,6 +115,19 @@ def test_no_gil_warning_when_the_gil_is_disabled(monkeypatch):
 def test_no_gil_warning_on_a_free_threaded_python(monkeypatch):
     # Not simulated: this interpreter really runs without the GIL.
     assert gil_warnings(monkeypatch, only_this_process_busy, gil=None) == []
+
+
+@needs_two_cores
+@pytest.mark.parametrize("worker_processes,expected", [(0, 1), (2, 0)])
+def test_no_gil_warning_when_workers_run_in_processes(monkeypatch, worker_processes, expected):
+    # The same figures (busy workers, one core of this process's CPU) blame the GIL for
+    # worker threads of this process; workers in child processes use none of its CPU (or
+    # GIL), and the warning's advice would be worker_processes itself. The dataset sleeps:
+    # no child burns a core.
+    kwargs = dict(worker_processes=2, multiprocessing_context="fork") if worker_processes else {}
+    gil = gil_warnings(monkeypatch, only_this_process_busy, 2 * GIL_CHECK_INTERVAL_S + 0.5,
+                       dataset=Slow(100_000, 0.01), **kwargs)
+    assert len(gil) == expected, gil
 
 
 def test_system_cpu_seconds_grows_with_work():

@@ -45,6 +45,7 @@ from ._torch_compat import (
     DatasetKind,
     ExceptionWrapper,
     SingleProcessDataLoaderIter,
+    init_base_iterator,
     profiler_enabled,
     warn_iterable_length,
 )
@@ -108,11 +109,15 @@ class ThreadPool:
         self._shared.jobs[worker_id].put(job)
 
     def new_epoch(self, generation: int | None = None) -> None:
-        """Drop queued jobs; results of older generations are stale from now on."""
+        """Start a new generation: results of older ones are stale from now on.
+
+        Jobs already queued still run, in order, before the new epoch's: as
+        DataLoader's persistent worker processes finish an abandoned epoch's
+        prefetched tasks, so that each worker's random streams advance by the
+        same draws, whatever the timing (the consumer drops their results).
+        """
         shared = self._shared
         shared.generation = shared.generation + 1 if generation is None else generation
-        for jobs in shared.jobs.values():
-            _drain(jobs)
 
     @property
     def workers(self) -> list[WorkerThreadView]:
@@ -137,6 +142,13 @@ def _stop_pool(pool: Any, release_buffers: Any) -> None:
 
 # --- consumer side ---------------------------------------------------------------
 
+def _get_or_none(results: Any, timeout: float) -> Any:
+    """The next message within ``timeout`` seconds, or None."""
+    try:
+        return results.get(timeout=timeout)
+    except queue.Empty:
+        return None
+
 _MISSING = object()
 
 
@@ -144,7 +156,7 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
     """DataLoader's iterator protocol, served by worker threads."""
 
     def __init__(self, loader: Any, plan: ResumePlan | None = None) -> None:
-        super().__init__(loader)
+        init_base_iterator(self, loader)
         if plan is not None:
             # Replay the interrupted epoch: its base seed, then its random
             # states, so the sampler draws exactly what it drew then.
@@ -244,7 +256,14 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
 
     # DataLoader's protocol -----------------------------------------------------
     def _reset(self, loader: Any, first_iter: bool = False) -> None:
-        if not first_iter:  # a persistent iterator's next epoch
+        if first_iter:
+            self._dead_workers: set[int] = set()  # ended by a BaseException: for good
+        else:  # a persistent iterator's next epoch
+            if self._dead_workers:
+                # Their tasks would never be served. DataLoader's next epoch
+                # finds its dead worker process the same way.
+                ids = ", ".join(str(w) for w in sorted(self._dead_workers))
+                raise RuntimeError(f"DataLoader worker (thread(s) {ids}) exited unexpectedly")
             self._plan = None
             self._epoch_start = EpochStart.capture(loader, self._base_seed)
         super()._reset(loader, first_iter)
@@ -260,6 +279,7 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
         self._workers_num_tasks = [0] * self._num_workers
         self._worker_queue_idx_cycle = itertools.cycle(range(self._num_workers))
         self._stash: dict[int, tuple[int, Any]] = {}  # results received ahead of their turn
+        self._deaths: dict[int, RuntimeError] = {}  # worker -> its death, not raised yet
         if not first_iter:
             self._pool.new_epoch()  # results of the old epoch are dropped on arrival
             self._stats.new_epoch()
@@ -288,8 +308,11 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
                     break
         else:
             return
-        if self._auto_collation and not self._is_iterable and not isinstance(index, (list, tuple)):
-            index = list(index)  # a batch sampler may yield any iterable of indices
+        if self._auto_collation and not self._is_iterable and not hasattr(index, "__len__"):
+            # A batch sampler may yield an iterator: read it here, on the
+            # consumer thread. Anything sized (an array, a tensor, a range)
+            # reaches the dataset as the sampler made it, as in DataLoader.
+            index = list(index)
         pool = self._pool
         pool.submit(worker_id, (idx, pool.generation, index))
         self._workers_num_tasks[worker_id] += 1
@@ -304,19 +327,30 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
         while True:
             while self._rcvd_idx < self._send_idx:
                 worker_id = self._task_info.get(self._rcvd_idx, _MISSING)
+                death = None
                 if worker_id is not _MISSING:
                     if self._workers_status[worker_id] or self._has_result(self._rcvd_idx):
                         break
                     del self._task_info[self._rcvd_idx]
                     self._task_items.pop(self._rcvd_idx, None)
+                    death = self._deaths.pop(worker_id, None)
                 self._consumed_ahead.discard(self._rcvd_idx)  # passed: no longer "ahead"
                 self._rcvd_idx += 1
+                if death is not None:
+                    # The first task a dead worker leaves undone is where
+                    # DataLoader notices the death; the next call goes on with
+                    # the other workers' tasks.
+                    raise death
             else:
+                if self._deaths:  # a worker died without a task of its own left
+                    raise self._deaths.pop(next(iter(self._deaths)))
                 self._finished = True
                 if not self._persistent_workers:
                     self._shutdown_workers()
                 raise StopIteration
             kind, idx, worker_id, payload = self._wait_for_result()
+            if kind == _DIED:
+                continue  # the loop above skips its tasks and raises its error
             self._tasks_outstanding -= 1
             if kind == _STOPPED:
                 self._workers_status[worker_id] = False
@@ -356,20 +390,30 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
         t0 = time.perf_counter()
         try:
             while True:
-                try:
-                    if deadline is None:
-                        kind, gen, idx, worker_id, payload = results.get()
-                    else:
-                        kind, gen, idx, worker_id, payload = results.get(timeout=max(0.0, deadline - time.monotonic()))
-                except queue.Empty:
-                    raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds") from None
+                if deadline is None:
+                    kind, gen, idx, worker_id, payload = results.get()
+                else:
+                    message = _get_or_none(results, max(0.0, deadline - time.monotonic()))
+                    if message is None:
+                        # Raised outside the queue's except block: no queue.Empty
+                        # as its context, as DataLoader's has none.
+                        raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds")
+                    kind, gen, idx, worker_id, payload = message
                 if kind == _CRASHED:
                     self._failure = payload
                     self._shutdown_workers()
                     raise RuntimeError(payload)
                 if kind == _DIED:
-                    raise RuntimeError(
-                        f"DataLoader worker (thread {worker_id}) exited unexpectedly: {payload!r}") from payload
+                    # A BaseException (SystemExit, KeyboardInterrupt...) ended the
+                    # thread. As DataLoader does with a dead worker process: the
+                    # worker is unavailable from now on, its tasks are skipped,
+                    # and the error is raised where its next task was due.
+                    self._workers_status[worker_id] = False
+                    self._dead_workers.add(worker_id)
+                    error = RuntimeError(f"DataLoader worker (thread {worker_id}) exited unexpectedly: {payload!r}")
+                    error.__cause__ = payload
+                    self._deaths[worker_id] = error
+                    return kind, idx, worker_id, payload
                 if gen != pool.generation:
                     continue  # from an epoch that was abandoned
                 if kind == _STOPPED or not self._in_order or idx == self._rcvd_idx:
@@ -405,9 +449,14 @@ class ResumableSingleIter(RecordsProgressOnDrop, SingleProcessDataLoaderIter):
     def __init__(self, loader: Any, plan: ResumePlan | None = None) -> None:
         super().__init__(loader)
         self._finished = False
-        if plan is None:
-            self._epoch_start = EpochStart.capture(loader, self._base_seed)
-        else:
+        self._loader = loader
+        # As DataLoader's own iterator, the sampler is first asked for an
+        # index by the first next(), not here: draws from the global RNG in
+        # between, or a set_epoch() (Lightning calls it after iter()), must
+        # decide the order as they do in DataLoader. So the epoch's random
+        # state is recorded then, just before that first draw.
+        self._epoch_start: EpochStart | None = None
+        if plan is not None:
             self._base_seed = plan.start.base_seed
             plan.start.apply(loader)
             self._epoch_start = plan.start
@@ -421,12 +470,11 @@ class ResumableSingleIter(RecordsProgressOnDrop, SingleProcessDataLoaderIter):
                 except StopIteration:
                     break
             self._num_yielded = plan.num_yielded
-        # Samplers draw their randomness on the first index. Draw it now, as
-        # DataLoader's worker iterator does by prefetching, so a checkpoint
-        # taken before the first batch already holds the epoch's draws.
-        first = next(self._sampler_iter, _MISSING)
-        if first is not _MISSING:
-            self._sampler_iter = itertools.chain([first], self._sampler_iter)
+
+    def _next_index(self) -> Any:
+        if self._epoch_start is None:
+            self._epoch_start = EpochStart.capture(self._loader, self._base_seed)
+        return super()._next_index()
 
     def _next_data(self) -> Any:
         try:
@@ -439,4 +487,6 @@ class ResumableSingleIter(RecordsProgressOnDrop, SingleProcessDataLoaderIter):
         """This epoch's checkpoint record, or None once the epoch is over."""
         if self._finished:
             return None
-        return progress_record(self._epoch_start, self._num_yielded, [], self._num_yielded)
+        # Before the first next(): the state the sampler would draw from now.
+        start = self._epoch_start or EpochStart.capture(self._loader, self._base_seed)
+        return progress_record(start, self._num_yielded, [], self._num_yielded)

@@ -19,12 +19,18 @@ In the parent, one receiver thread per child reads that child's result queue,
 pins the batch when the loader pins (off the consumer thread), and forwards it
 to the one result queue the consumer reads, so the consumer cannot tell threads
 from processes. A receiver also notices its child dying and tells the consumer,
-which raises DataLoader's "exited unexpectedly" error instead of hanging.
+which raises DataLoader's "exited unexpectedly" error instead of hanging. Each
+result's payload is pickled on its own (:class:`_Parcel`), so a payload that
+cannot be unpickled here is an error of its task, not of the whole channel.
 
 Children never outlive the parent: they are daemonic (multiprocessing
 terminates them at exit), they stop when told, the parent terminates any that
-do not stop in time, and each child watches ``os.getppid()`` and, on Linux
-when started from the main thread, asks the kernel for SIGTERM when its
+do not stop in time, and each child watches the loader's process. It polls
+``multiprocessing.parent_process()``, whose sentinel is a pipe only the
+loader's process holds open (EOF when it dies, whatever the start method);
+where the loader's process is its direct parent (fork, spawn; not forkserver,
+whose server forks the children) it also watches ``os.getppid()`` and, on
+Linux when started from the main thread, asks the kernel for SIGTERM when its
 parent dies (``PR_SET_PDEATHSIG``).
 """
 
@@ -32,12 +38,19 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import io
+import multiprocessing
+import numbers
+import operator
 import os
+import pickle
 import queue
 import signal
 import sys
 import threading
 import time
+import warnings
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import numpy as np
@@ -48,6 +61,7 @@ from . import _context
 from ._engine import JOIN_BUDGET_S, ThreadPool
 from ._worker_loop import _CRASHED, _DATA, _Config, _drain, pin_task
 from ._torch_compat import ExceptionWrapper
+from .stats import _caller_stacklevel
 
 __all__ = ["ProcessPool", "check_worker_processes"]
 
@@ -61,15 +75,29 @@ _FETCH, _COLLATE, _PIN, _ITEMS, _TASKS, _BUSY = range(6)
 #: Control messages on a child's job queue (besides ``(worker_id, job)``).
 _NEW_EPOCH = -1
 
+#: DataLoader's warning when starting a worker process fails to pickle its
+#: arguments (torch.utils.data.dataloader), word for word.
+PICKLE_WARNING = (
+    "Got pickle error when attempting to start a worker Process. "
+    "This might be because the worker Process arguments are not picklable. "
+    "Python 3.14+ changed the multiprocessing start method in non-Mac POSIX platforms "
+    "to 'forkserver', which requires the worker Process arguments to be picklable. "
+    "You can also try multiprocessing.set_start_method('fork')."
+)
+
+#: Raised when a pool that was stopped without a failure is asked for work.
+STOPPED_MESSAGE = "ThreadDataLoader's worker processes have been shut down; this iterator cannot be used again"
+
 
 def check_worker_processes(worker_processes: Any, num_workers: int) -> None:
     """Validate ``worker_processes`` against ``num_workers``.
 
     Raises:
-        ValueError: not an int, negative, more processes than workers, or
-            processes without workers.
+        ValueError: not an integer (any ``numbers.Integral`` but bool, as
+            DataLoader takes NumPy ints for ``num_workers``), negative, more
+            processes than workers, or processes without workers.
     """
-    if isinstance(worker_processes, bool) or not isinstance(worker_processes, int):
+    if isinstance(worker_processes, bool) or not isinstance(worker_processes, numbers.Integral):
         raise ValueError(
             f"worker_processes option should be an int, but got worker_processes={worker_processes!r}"
         )
@@ -98,6 +126,9 @@ class ArrayCounters:
     """
 
     __slots__ = ("_row",)
+
+    #: The worker runs in a child: the parent's CPU time does not show it (stats' GIL check).
+    in_this_process = False
 
     def __init__(self, array: np.ndarray, worker_id: int) -> None:
         self._row = array[worker_id]
@@ -139,6 +170,101 @@ def _exit_on_sigterm(signum: int, frame: Any) -> None:
     raise SystemExit(0)
 
 
+def _loader_alive(parent_pid: int | None) -> bool:
+    """Whether the loader's process still lives (checked from a child).
+
+    Args:
+        parent_pid: the loader's pid when it is this process's direct parent
+            (fork, spawn), else None (forkserver: the forkserver is the parent).
+    """
+    if parent_pid is not None and os.getppid() != parent_pid:
+        return False
+    # Its sentinel is a pipe whose write end only the process that started this
+    # one holds: it reads as ready (EOF) once that process is gone.
+    parent = multiprocessing.parent_process()
+    return parent is None or parent.is_alive()
+
+
+class _Parcel:
+    """A result's payload, pickled on its own inside the result message.
+
+    If the parent cannot unpickle the payload (a ``__reduce__`` that fails
+    there, file descriptors running out while receiving a tensor...), the
+    message around it still arrives, so the error belongs to its task and
+    the channel stays usable, as in DataLoader, whose queue ``get`` raises the
+    error while the worker goes on.
+    """
+
+    __slots__ = ("payload", "worker_id")
+
+    def __init__(self, payload: Any, worker_id: int) -> None:
+        self.payload = payload
+        self.worker_id = worker_id
+
+    def __reduce__(self) -> tuple[Any, tuple[bytes, int]]:
+        # Runs in the queue's feeder thread, where the message is pickled.
+        try:
+            data = _dumps(self.payload)
+        except Exception:  # noqa: BLE001 - unpicklable result: its task fails instead of never arriving
+            where = f"in DataLoader worker thread {self.worker_id} (sending its result from process {os.getpid()})"
+            data = _dumps(ExceptionWrapper(where=where))
+        return _unparcel, (data, os.getpid())
+
+
+def _dumps(obj: Any) -> bytes:
+    buf = io.BytesIO()
+    ForkingPickler(buf).dump(obj)  # torch's reductions: tensors travel as shared-memory handles
+    return buf.getvalue()
+
+
+def _unparcel(data: bytes, pid: int) -> Any:
+    """Unpickle a :class:`_Parcel` (in the parent); a failure becomes the task's error."""
+    try:
+        return ForkingPickler.loads(data)
+    except Exception as exc:  # noqa: BLE001 - raised to the consumer for this task
+        return _ReceiveError(exc, pid)
+
+
+class _ReceiveError(ExceptionWrapper):
+    """A result the loader's process could not unpickle: its task raises the unpickling error itself.
+
+    DataLoader re-raises that exception, unchanged, from ``next()``; so does
+    this (an :class:`ExceptionWrapper`, so the consumer calls :meth:`reraise`),
+    with a note saying which worker process sent the result.
+    """
+
+    def __init__(self, exc: Exception, pid: int) -> None:
+        where = f"in the loader's process, receiving a result from DataLoader worker process (pid {pid})"
+        super().__init__((type(exc), exc, exc.__traceback__), where=where)
+        if hasattr(exc, "add_note"):  # Python 3.11+
+            exc.add_note(f"Raised {where}; the worker process is still running.")
+        self.exc: BaseException | None = exc
+
+    def reraise(self) -> None:
+        exc, self.exc = self.exc, None  # raised once; no cycle through this wrapper
+        if exc is None:
+            super().reraise()
+        try:
+            raise exc
+        finally:
+            exc = None
+
+
+class _ParcelQueue:
+    """The child's result queue as its worker threads see it: data payloads travel as :class:`_Parcel`."""
+
+    __slots__ = ("_queue",)
+
+    def __init__(self, results: Any) -> None:
+        self._queue = results
+
+    def put(self, msg: tuple[int, int, int, int, Any]) -> None:
+        kind, gen, idx, worker_id, payload = msg
+        if kind == _DATA:
+            payload = _Parcel(payload, worker_id)
+        self._queue.put((kind, gen, idx, worker_id, payload))
+
+
 def _child_main(
     cfg: _Config,
     worker_ids: list[int],
@@ -151,21 +277,24 @@ def _child_main(
     """Body of one worker process: run its worker threads until told to stop or orphaned."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle, as in DataLoader
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    if death_signal:
+    # Under forkserver our parent is the forkserver, not the loader's process:
+    # only the sentinel (see _loader_alive) watches the loader then.
+    direct_parent = parent_pid if os.getppid() == parent_pid else None
+    if death_signal and direct_parent is not None:
         _set_parent_death_signal()
-    if os.getppid() != parent_pid:  # the parent died before the signal was set up
+    if not _loader_alive(direct_parent):  # it died before the signal was set up
         return
     _context.mark_child_process()
     torch.set_num_threads(1)  # as DataLoader's workers: no intra-op pool per process
     array = counters.numpy()
-    pool = ThreadPool(cfg, worker_ids, results, {w: ArrayCounters(array, w) for w in worker_ids})
+    pool = ThreadPool(cfg, worker_ids, _ParcelQueue(results), {w: ArrayCounters(array, w) for w in worker_ids})
     try:
         while True:
             try:
                 msg = jobs.get(timeout=POLL_S)
             except queue.Empty:
-                if os.getppid() != parent_pid:
-                    return  # orphaned (the parent was killed)
+                if not _loader_alive(direct_parent):
+                    return  # orphaned (the loader's process was killed)
                 continue
             if msg is None:
                 return
@@ -204,6 +333,7 @@ class ProcessPool:
     """
 
     def __init__(self, cfg: _Config, num_processes: int, mp_context: Any = None) -> None:
+        num_processes = operator.index(num_processes)  # a NumPy int too
         self._ctx = mp_context if mp_context is not None else torch_mp
         self._pin = cfg.pin
         self._pin_device = cfg.pin_device
@@ -212,6 +342,9 @@ class ProcessPool:
         self.generation = 0
         self.stopping = False
         self._stopped = False
+        #: Why the pool failed (the consumer's RuntimeError message), once it has.
+        self.failure: str | None = None
+        self._failure_lock = threading.Lock()
         num_workers = cfg.num_workers
         self._counter_tensor = torch.zeros((num_workers, 6), dtype=torch.float64).share_memory_()
         array = self._counter_tensor.numpy()
@@ -232,7 +365,7 @@ class ProcessPool:
                     name=f"threadloader-process-{p}",
                     daemon=True,
                 )
-                child.process.start()
+                _start(child.process)
             for child in self._children:
                 child.receiver = threading.Thread(
                     target=_receive, args=(self, child), name=f"threadloader-receiver-{child.index}", daemon=True
@@ -249,19 +382,49 @@ class ProcessPool:
         return [c.process.pid for c in self._children if c.process is not None]
 
     def submit(self, worker_id: int, job: tuple[int, int, Any]) -> None:
-        """Queue ``(task, generation, index)`` for worker ``worker_id`` (in its process)."""
+        """Queue ``(task, generation, index)`` for worker ``worker_id`` (in its process).
+
+        Raises:
+            RuntimeError: the pool was stopped (the failure's message when a
+                worker process died), never an error of a closed queue.
+        """
+        if self._stopped:
+            raise RuntimeError(self.failure or STOPPED_MESSAGE)
         self._by_worker[worker_id].jobs.put((worker_id, job))
 
     def new_epoch(self, generation: int | None = None) -> None:
-        """Start a new generation: children drop the jobs queued before it."""
+        """Start a new generation: results of older ones are stale from now on.
+
+        Each child's threads still run the jobs queued before it, in order
+        (see ``ThreadPool.new_epoch``); the consumer drops their results.
+
+        Raises:
+            RuntimeError: a worker process died (DataLoader's "exited
+                unexpectedly" message, as raised for the death, again: as
+                DataLoader's next epoch does), or the pool was stopped.
+        """
+        if self.failure is not None or self._stopped:
+            self.stop()  # a failed pool serves no epoch: stop what still runs
+            raise RuntimeError(self.failure or STOPPED_MESSAGE)
         self.generation = self.generation + 1 if generation is None else generation
         for child in self._children:
             child.jobs.put((_NEW_EPOCH, self.generation))
 
     @property
     def workers(self) -> list[Any]:
-        """The process each worker runs in, in worker order (DataLoader's ``_workers`` shape)."""
+        """The process each worker runs in, in worker order (DataLoader's ``_workers`` shape).
+
+        They keep answering ``is_alive()``, ``pid``, ``exitcode`` and
+        ``join()`` after the pool stops, as DataLoader's do: they are never closed.
+        """
         return [self._by_worker[w].process for w in sorted(self._by_worker)]
+
+    def fail(self, message: str) -> None:
+        """Record the pool's failure and tell the consumer (its first failure wins, in both)."""
+        with self._failure_lock:
+            if self.failure is None:
+                self.failure = message
+            self.results.put((_CRASHED, -1, -1, -1, message))
 
     def stop(self) -> None:
         """Stop the children and the receivers; terminate what does not stop in time (idempotent)."""
@@ -294,9 +457,19 @@ class ProcessPool:
             for q in (child.jobs, child.results):
                 q.cancel_join_thread()
                 q.close()
-            if child.process is not None and child.process.exitcode is not None:
-                child.process.close()
+            # The Process objects stay open (DataLoader never closes its
+            # workers either): ``_workers`` must keep answering. Their pipes
+            # close when the pool is collected.
         _drain(self.results)
+
+
+def _start(process: Any) -> None:
+    """Start one worker process, warning as DataLoader does when its arguments do not pickle."""
+    try:
+        process.start()
+    except (TypeError, AttributeError, pickle.PicklingError):
+        warnings.warn(PICKLE_WARNING, stacklevel=_caller_stacklevel())
+        raise
 
 
 def _receive(pool: ProcessPool, child: _Child) -> None:
@@ -320,18 +493,37 @@ def _receive_one(pool: ProcessPool, child: _Child, pid: int) -> bool:
             if not child.results.empty():
                 return True
             if not pool.stopping:
-                pool.results.put((_CRASHED, -1, -1, -1, _crash_message(pid, child.process.exitcode)))
+                pool.fail(_crash_message(pid, child.process.exitcode))
             return False
         return True
-    except Exception as exc:  # noqa: BLE001 - a result that cannot be received
+    except Exception as exc:  # noqa: BLE001 - the channel itself broke (payloads fail as their task: _Parcel)
         if not pool.stopping:
-            pool.results.put((_CRASHED, -1, -1, -1, f"DataLoader worker (pid(s) {pid}) exited unexpectedly: "
-                                                    f"receiving its result failed: {exc!r}"))
+            child.process.join(timeout=POLL_S)  # a broken pipe is most often a child that just died
+            exitcode = child.process.exitcode
+            if exitcode is not None:
+                pool.fail(f"{_crash_message(pid, exitcode)}: receiving its result failed: {exc!r}")
+            else:
+                pool.fail(f"Receiving a result from DataLoader worker process (pid {pid}) failed: {exc!r}")
         return False
-    if pool.stopping:
-        return False
-    kind, gen, idx, worker_id, payload = msg
+    forwarded = not pool.stopping and _forward(pool, child, pid, msg)
+    # A payload that failed to unpickle keeps its traceback, whose frames
+    # reach this one (f_back): holding the message here would make a cycle
+    # that keeps the pool, and its processes' pipes, until a garbage collection.
     del msg
+    return forwarded
+
+
+def _forward(pool: ProcessPool, child: _Child, pid: int, msg: tuple[int, int, int, int, Any]) -> bool:
+    """Hand one received result to the consumer (pinned first when the loader pins). False: stop."""
+    kind, gen, idx, worker_id, payload = msg
+    if isinstance(payload, _ReceiveError):
+        # As DataLoader: a receive error from a worker that died (its file
+        # descriptors went with it) is that worker's death, not the task's.
+        child.process.join(timeout=POLL_S)
+        if child.process.exitcode is not None:
+            if not pool.stopping:
+                pool.fail(_crash_message(pid, child.process.exitcode))
+            return False
     if pool._pin and kind == _DATA and not isinstance(payload, ExceptionWrapper):
         payload = pin_task(payload, pool._pin_device, pool.counters[worker_id], worker_id)
     pool.results.put((kind, gen, idx, worker_id, payload))

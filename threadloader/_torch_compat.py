@@ -172,6 +172,24 @@ def _caller_in_torch(lineno: int) -> Callable[..., Any]:
     return types.FunctionType(namespace["call"].__code__, _dl.__dict__, "call")
 
 
+_base_init_caller: Callable[..., Any] | None = None
+
+
+def init_base_iterator(it: Any, loader: Any) -> None:
+    """``BaseDataLoaderIter.__init__(it, loader)``, its warnings attributed as DataLoader's are.
+
+    Its pin-memory warnings use ``stacklevel=2``: with DataLoader they point at
+    the worker iterator's ``super().__init__`` line in torch's dataloader
+    module, where filters such as ``filterwarnings(module="torch.utils.data.dataloader")``
+    find them. Called from our iterator's module they would point there.
+    """
+    global _base_init_caller
+    if _base_init_caller is None:
+        line = _call_site_line(_dl._MultiProcessingDataLoaderIter.__init__, "__init__")
+        _base_init_caller = _caller_in_torch(line)
+    _base_init_caller(BaseDataLoaderIter.__init__, it, loader)
+
+
 _rationality_caller: Callable[..., Any] | None = None
 
 
@@ -245,17 +263,26 @@ def _thread_aware_get_worker_info():  # pragma: no cover - body runs as torch's
 
 def _collate_tensor_without_shm(batch, *, collate_fn_map=None):
     # default_collate asks get_worker_info() whether to allocate the batch in
-    # shared memory. In our threads the answer must be "no": hide the info for
-    # this call only (thread-local, so other threads are unaffected). In a
-    # worker process the batch goes to the parent: shared memory saves a copy.
+    # shared memory. In our threads the answer must be "no": the batch stays
+    # in this process. In a worker process the batch goes to the parent:
+    # shared memory saves a copy.
     if getattr(_tls, "info", None) is None or _context.batches_cross_processes():
         return _original_collate_tensor(batch, collate_fn_map=collate_fn_map)
-    previous = getattr(_tls, "hide", False)
-    _tls.hide = True
-    try:
-        return _original_collate_tensor(batch, collate_fn_map=collate_fn_map)
-    finally:
-        _tls.hide = previous
+    elem = batch[0]
+    if elem.is_nested or elem.layout is not torch.strided:
+        # torch's own checks and errors, with the worker info hidden for this
+        # call only (thread-local: other threads are unaffected).
+        previous = getattr(_tls, "hide", False)
+        _tls.hide = True
+        try:
+            return _original_collate_tensor(batch, collate_fn_map=collate_fn_map)
+        finally:
+            _tls.hide = previous
+    # Stacked into a batch of the first sample's dtype and device, as a worker
+    # process stacks into its shared-memory batch (``out=``): the same result
+    # dtype, and the same errors (a float sample in a Long batch, samples that
+    # require grad) as with DataLoader's workers; only the memory differs.
+    return torch.stack(batch, 0, out=elem.new_empty((len(batch), *elem.shape)))
 
 
 _original_collate_tensor = _collate.collate_tensor_fn

@@ -220,8 +220,9 @@ def _map_step(shared: _Shared, cfg: _Config, worker_id: int, init_error: Excepti
     if job is None:
         return False
     idx, gen, index = job
-    if gen != shared.generation:
-        return True  # an abandoned epoch's task: the consumer no longer waits for it
+    # A task of an abandoned epoch (persistent workers) runs all the same, as
+    # in a DataLoader worker process: its draws from this worker's random
+    # streams must happen whatever the timing. The consumer drops the result.
     if init_error is not None:
         shared.post(gen, idx, worker_id, init_error)
         return True

@@ -165,11 +165,17 @@ class ThreadDataLoader(DataLoader[_T_co]):
         Returns:
             A dict for :meth:`load_state_dict` of a loader built with the same
             arguments.
+
+        Raises:
+            threadloader.state.CheckpointUnavailable: the ``state_dict()`` of
+                the sampler or IterableDataset raised when this epoch started.
         """
         it = self._live_iterator() if self._live_iterator is not None else None
         if it is not None and hasattr(it, "progress"):
             progress = it.progress()
         elif it is None and self._progress_box is not None:
+            if self._progress_box.error is not None:
+                raise self._progress_box.error
             progress = self._progress_box.record  # the iterator was dropped mid-epoch
         else:
             progress = None

@@ -48,6 +48,28 @@ def _epoch_of(obj: Any) -> int | None:
     return None
 
 
+class CheckpointUnavailable(RuntimeError):
+    """A ``state_dict()`` of this epoch's sampler or IterableDataset raised when the epoch started."""
+
+
+class _FailedState:
+    """A ``state_dict()`` that raised at an epoch's start: an error only if a checkpoint is asked for."""
+
+    __slots__ = ("error", "owner")
+
+    def __init__(self, error: Exception, owner: str) -> None:
+        self.error, self.owner = error, owner
+
+
+def _state_of(obj: Any, owner: str) -> Any:
+    # DataLoader never calls state_dict(): iterating must not fail because of
+    # it. Only a checkpoint of this epoch needs the value.
+    try:
+        return obj.state_dict()
+    except Exception as e:  # noqa: BLE001 - kept, raised by EpochStart.check
+        return _FailedState(e, owner)
+
+
 @dataclass
 class EpochStart:
     """Random state at the start of one epoch (after the base seed was drawn)."""
@@ -74,11 +96,23 @@ class EpochStart:
             if isinstance(own, torch.Generator) and own is not gen:
                 sampler_generators[name] = own.get_state()
             if _has_state(obj):
-                sampler_states[name] = obj.state_dict()
+                sampler_states[name] = _state_of(obj, name)
         dataset_state = None
         if isinstance(loader.dataset, IterableDataset) and _has_state(loader.dataset):
-            dataset_state = loader.dataset.state_dict()
+            dataset_state = _state_of(loader.dataset, "dataset")
         return cls(int(base_seed), rng_state, sampler_generators, sampler_states, dataset_state, sampler_epochs)
+
+    def check(self) -> None:
+        """A checkpoint of this epoch needs every ``state_dict()`` taken at its start.
+
+        Raises:
+            CheckpointUnavailable: one of them raised (chained to its error).
+        """
+        for value in (*self.sampler_states.values(), self.dataset_state):
+            if isinstance(value, _FailedState):
+                raise CheckpointUnavailable(
+                    f"cannot checkpoint this epoch: {value.owner}.state_dict() raised when it started: "
+                    f"{value.error!r}") from value.error
 
     def apply(self, loader: Any) -> None:
         """Put the loader's random states back to this epoch start."""
@@ -124,10 +158,11 @@ class ProgressBox:
     the iterator is gone still names the batches that remain.
     """
 
-    __slots__ = ("record",)
+    __slots__ = ("record", "error")
 
     def __init__(self) -> None:
         self.record: dict[str, Any] | None = None
+        self.error: CheckpointUnavailable | None = None  # raised by the loader's state_dict()
 
 
 class RecordsProgressOnDrop:
@@ -141,6 +176,8 @@ class RecordsProgressOnDrop:
             return
         try:
             box.record = self.progress()  # type: ignore[attr-defined]
+        except CheckpointUnavailable as e:
+            box.record, box.error = None, e
         except Exception:  # noqa: BLE001 - a half-built iterator, or interpreter exit
             box.record = None
 
@@ -179,6 +216,7 @@ def make_state(loader: Any, progress: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def progress_record(start: EpochStart, prefix: int, extra: list[int], num_yielded: int) -> dict[str, Any]:
+    start.check()
     return {
         "start": asdict(start),
         "consumed_prefix": int(prefix),

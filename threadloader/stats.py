@@ -13,7 +13,7 @@ import sys
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from ._interpreter import gil_enabled
 
@@ -95,6 +95,10 @@ def _caller_stacklevel() -> int:
 class WorkerCounters:
     """Time and work of one worker thread (written by that thread only)."""
 
+    #: Whether the worker runs in this process, whose CPU time the GIL check
+    #: reads (``worker_processes`` counters say False).
+    in_this_process: ClassVar[bool] = True
+
     fetch_s: float = 0.0
     collate_s: float = 0.0
     pin_s: float = 0.0
@@ -109,6 +113,7 @@ class LoaderStats:
     def __init__(self) -> None:
         self._counters: list[WorkerCounters] = []
         self._num_workers = 0
+        self._workers_here = True
         self._baseline = (0.0, 0.0, 0.0, 0)
         self.gil_warned = False
         self._cores = os.cpu_count() or 1
@@ -117,6 +122,9 @@ class LoaderStats:
     def bind(self, counters: list[WorkerCounters], num_workers: int) -> None:
         self._counters = counters
         self._num_workers = num_workers
+        # Workers in child processes (worker_processes) cost this process no
+        # CPU: its CPU time says nothing about their GIL.
+        self._workers_here = all(getattr(c, "in_this_process", True) for c in counters)
 
     def new_epoch(self) -> None:
         """Start counting afresh (a persistent iterator's next epoch)."""
@@ -153,13 +161,16 @@ class LoaderStats:
         machine-wide CPU use is read beside the process's, and the dataset is
         blamed only when at least :data:`FREE_CORE_THRESHOLD` of a core stood
         idle. Nothing is said while the training loop rarely waits for data,
-        nor on a free-threaded Python running without the GIL.
+        nor on a free-threaded Python running without the GIL, nor when the
+        workers run in ``worker_processes`` children (this process's CPU time
+        does not include theirs, and the advice would be to use them).
         """
         then, (fetch0, cpu0, wait0, sys0) = self._gil_mark
         fetch1, cpu1, wait1, sys1 = sample = self._gil_sample()
         self._gil_mark = (now, sample)
         window = now - then
-        if self.gil_warned or self._num_workers < 2 or self._cores < 2 or window <= 0 or not gil_enabled():
+        if (self.gil_warned or not self._workers_here or self._num_workers < 2 or self._cores < 2 or window <= 0
+                or not gil_enabled()):
             return
         util = (fetch1 - fetch0) / (window * self._num_workers)
         cores = (cpu1 - cpu0) / window
