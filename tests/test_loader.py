@@ -416,7 +416,8 @@ def test_pin_memory_without_accelerator_warns_like_dataloader():
             warnings.simplefilter("always")
             it = iter(cls(Squares(4), batch_size=2, num_workers=1, pin_memory=True, **kw))
             del it
-        return [(w.category, str(w.message), w.filename, w.lineno) for w in caught]
+        # (fork may add Python's own DeprecationWarning about forking threads)
+        return [(w.category, str(w.message), w.filename, w.lineno) for w in caught if "pin" in str(w.message)]
 
     assert warned(ThreadDataLoader) == warned(DataLoader, multiprocessing_context="fork")
 
@@ -580,11 +581,13 @@ def test_dead_worker_is_skipped_after_its_error_as_dataloader_skips_a_dead_proce
     # DataLoader (the oracle, 5 s: its worker status check interval) raises
     # once where the dead worker's task was due, then goes on with the other
     # workers' tasks. The iterator used to wait forever for the dead one's.
+    # DataLoader's SIGCHLD handler may raise as soon as the process dies, so
+    # where its error falls among the batches varies; what it delivers does not.
     expected = _outcomes(DataLoader(_DiesAt(SystemExit(3)), batch_size=None, num_workers=2))
-    assert expected == [0, 1, "exited", 3, 5, "StopIteration"]
     got = _outcomes(ThreadDataLoader(_DiesAt(exc), batch_size=None, num_workers=2, timeout=20,
                                      worker_processes=worker_processes))
-    assert got == expected
+    assert got == [0, 1, "exited", 3, 5, "StopIteration"]
+    assert sorted(got, key=str) == sorted(expected, key=str)
 
 
 @pytest.mark.parametrize("worker_processes", [0, 1])
