@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import io
+import time
 
 import pytest
 import torch
@@ -37,8 +38,13 @@ def uninterrupted(make, epochs=EPOCHS, before_epoch=None):
     return out
 
 
-def interrupted(make, stop_epoch, stop_batch, epochs=EPOCHS, before_epoch=None):
-    """Run until batch ``stop_batch`` of ``stop_epoch`` is received, checkpoint, resume in a new loader."""
+def interrupted(make, stop_epoch, stop_batch, epochs=EPOCHS, before_epoch=None, at_end=False):
+    """Run until batch ``stop_batch`` of ``stop_epoch`` is received, checkpoint, resume in a new loader.
+
+    ``at_end``: ``stop_batch`` is the epoch's last batch (a map-style epoch is
+    then over: the resumed loader's next ``iter()`` starts the next epoch, as
+    Lightning expects when it checkpoints at an epoch's last batch).
+    """
     torch.manual_seed(0)
     loader = make()
     out = []
@@ -62,7 +68,7 @@ def interrupted(make, stop_epoch, stop_batch, epochs=EPOCHS, before_epoch=None):
     torch.manual_seed(999)  # a new process: the global RNG is anywhere
     resumed = make()
     resumed.load_state_dict(sd)
-    if not ended:  # the rest of the interrupted epoch
+    if not ended and not at_end:  # the rest of the interrupted epoch
         if before_epoch:
             before_epoch(resumed, stop_epoch)
         out[-1].extend(to_list(resumed))
@@ -94,7 +100,8 @@ def test_resume_gives_the_uninterrupted_sequence(n, batch_size, num_workers, use
 
     expected = uninterrupted(make)
     stop_batch = min(stop_batch, len(expected[stop_epoch]))
-    assert interrupted(make, stop_epoch, stop_batch) == expected
+    at_end = stop_batch == len(expected[stop_epoch])
+    assert interrupted(make, stop_epoch, stop_batch, at_end=at_end) == expected
 
 
 def test_resume_with_sampler_own_generator():
@@ -177,8 +184,12 @@ class StatefulStream(IterableDataset):
         self.offset = sd["offset"]
 
 
-def test_resume_iterable_dataset_with_its_own_state_dict():
-    make = lambda: ThreadDataLoader(StatefulStream(), batch_size=2, num_workers=1)  # noqa: E731
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_resume_iterable_dataset_with_its_own_state_dict(num_workers):
+    # num_workers=0: torch's iterator calls iter() on the dataset as it is
+    # built; the dataset's state must be read before, and restored before
+    # the resumed epoch's iterator is made.
+    make = lambda: ThreadDataLoader(StatefulStream(), batch_size=2, num_workers=num_workers)  # noqa: E731
     assert interrupted(make, 1, 2) == uninterrupted(make)
 
 
@@ -269,3 +280,126 @@ def test_a_failing_state_dict_does_not_break_iteration_only_a_checkpoint(num_wor
     del it  # dropped mid-epoch: the checkpoint still cannot be taken, and says why
     with pytest.raises(CheckpointUnavailable):
         loader.state_dict()
+
+
+def _checkpoint_between_epochs(make, epochs=EPOCHS, after=1):
+    """Run ``after`` whole epochs, checkpoint between epochs, resume the rest in a new loader."""
+    torch.manual_seed(0)
+    loader = make()
+    out = [to_list(loader) for _ in range(after)]
+    sd = roundtrip(loader.state_dict())
+    assert sd["epoch"] is None
+    del loader
+    torch.manual_seed(999)
+    resumed = make()
+    resumed.load_state_dict(sd)
+    return out + [to_list(resumed) for _ in range(epochs - after)]
+
+
+@pytest.mark.parametrize("use_generator", [False, True])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_between_epochs_persistent_workers_and_samplers_own_state(use_generator, num_workers):
+    # A persistent iterator draws its base seed once: a new one must not
+    # draw another. Samplers' own generators and states are saved too.
+    def shuffled():
+        gen = torch.Generator().manual_seed(11) if use_generator else None
+        return ThreadDataLoader(Squares(12), batch_size=3, shuffle=True, num_workers=num_workers, generator=gen,
+                                persistent_workers=num_workers > 0)
+
+    def own_generator():
+        ds = Squares(11)
+        return ThreadDataLoader(ds, batch_size=3, num_workers=num_workers,
+                                sampler=RandomSampler(ds, generator=torch.Generator().manual_seed(4)))
+
+    def own_state():
+        return ThreadDataLoader(Squares(11), batch_size=3, num_workers=num_workers,
+                                sampler=CountingStatefulSampler(11))
+
+    for make in (shuffled, own_generator, own_state):
+        assert _checkpoint_between_epochs(make) == uninterrupted(make), make.__name__
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_loader_generator_with_a_sampler_drawing_from_the_global_rng(num_workers):
+    def make():
+        ds = Squares(12)
+        return ThreadDataLoader(ds, batch_size=3, num_workers=num_workers, sampler=RandomSampler(ds),
+                                generator=torch.Generator().manual_seed(1))
+
+    assert interrupted(make, 1, 2) == uninterrupted(make)
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_checkpoint_at_the_last_batch_resumes_at_the_next_epoch(persistent, num_workers):
+    # Lightning checkpoints at the epoch's last batch, before StopIteration,
+    # and then starts the next epoch: the resumed loader's next iter() must
+    # be that epoch, not an empty rest of the finished one.
+    def make():
+        return ThreadDataLoader(Squares(9), batch_size=3, shuffle=True, num_workers=num_workers,
+                                persistent_workers=persistent and num_workers > 0)
+
+    assert interrupted(make, 1, 3, at_end=True) == uninterrupted(make)
+
+
+class _TwoSpeedStream(IterableDataset):
+    """Worker ``slow`` sleeps before each item: which worker serves which task depends on it."""
+
+    slow = 0
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        for k in range(6):
+            if info.id == type(self).slow:
+                time.sleep(0.05)
+            yield info.id * 100 + k
+
+
+def test_iterable_in_order_false_resume_counts_each_workers_batches():
+    # With in_order=False the task numbers a worker serves depend on timing,
+    # so the resumed run (here: the other worker is the slow one) must skip
+    # each worker's first batches, not tasks by number.
+    def make():
+        return ThreadDataLoader(_TwoSpeedStream(), batch_size=None, num_workers=2, in_order=False)
+
+    _TwoSpeedStream.slow = 0
+    full = sorted(int(b) for b in make())
+    loader = make()
+    it = iter(loader)
+    got = [int(next(it)) for _ in range(3)]
+    sd = roundtrip(loader.state_dict())
+    del it, loader
+    _TwoSpeedStream.slow = 1
+    resumed = make()
+    resumed.load_state_dict(sd)
+    got += [int(b) for b in resumed]
+    assert sorted(got) == full
+
+
+@pytest.mark.parametrize("use_generator", [False, True])
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("drop", [False, True])
+def test_checkpoint_before_the_first_batch_live_or_after_break(use_generator, num_workers, drop):
+    # num_workers=0 draws nothing before the first next(), as DataLoader: the
+    # record is where the epoch starts, and resuming it makes the epoch's
+    # draws for good, as the interrupted iterator would have.
+    def make():
+        gen = torch.Generator().manual_seed(11) if use_generator else None
+        return ThreadDataLoader(Squares(10), batch_size=3, shuffle=True, num_workers=num_workers, generator=gen)
+
+    torch.manual_seed(0)
+    loader = make()
+    out = [to_list(loader)]
+    it = iter(loader)
+    assert it is not None
+    if drop:
+        del it  # ``break`` before the first batch
+        sd = roundtrip(loader.state_dict())
+    else:
+        sd = roundtrip(loader.state_dict())
+        del it
+    torch.manual_seed(999)
+    resumed = make()
+    resumed.load_state_dict(sd)
+    out += [to_list(resumed), to_list(resumed)]
+    assert out == uninterrupted(make)

@@ -45,12 +45,13 @@ from ._torch_compat import (
     DatasetKind,
     ExceptionWrapper,
     SingleProcessDataLoaderIter,
+    create_fetcher,
     init_base_iterator,
     profiler_enabled,
     warn_iterable_length,
 )
 from ._worker_loop import _CRASHED, _DATA, _DIED, _STOPPED, _Config, _drain, _Shared, _worker_main
-from .state import EpochStart, RecordsProgressOnDrop, ResumePlan, progress_record
+from .state import EpochStart, RecordsProgressOnDrop, ResumePlan, dataset_state_of, progress_record
 from .stats import LoaderStats, WorkerCounters
 
 #: How long shutdown waits, in total, for threads to finish the user call they
@@ -279,6 +280,13 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
         self._workers_num_tasks = [0] * self._num_workers
         self._worker_queue_idx_cycle = itertools.cycle(range(self._num_workers))
         self._stash: dict[int, tuple[int, Any]] = {}  # results received ahead of their turn
+        # IterableDataset: results received per worker this epoch, and how many
+        # of each worker's first ones a resumed epoch drops.
+        self._worker_received = [0] * self._num_workers
+        self._worker_skip = [0] * self._num_workers
+        if self._plan is not None and self._is_iterable:
+            self._worker_skip = self._plan.worker_skips(self._num_workers)
+        self._sampler_done = False
         self._deaths: dict[int, RuntimeError] = {}  # worker -> its death, not raised yet
         if not first_iter:
             self._pool.new_epoch()  # results of the old epoch are dropped on arrival
@@ -294,6 +302,7 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
             try:
                 index = self._next_index()
             except StopIteration:
+                self._sampler_done = True
                 return
             idx = self._send_idx
             if self._plan is None or self._is_iterable or not self._plan.skips(idx):
@@ -364,8 +373,16 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
                 self._consumed_ahead.add(idx)
             self._workers_num_tasks[worker_id] -= 1
             self._try_put_index()
-            if self._plan is not None and self._is_iterable and self._plan.skips(idx):
-                continue  # an IterableDataset batch received before the checkpoint
+            if self._is_iterable:
+                self._worker_received[worker_id] += 1
+                if self._worker_skip[worker_id] > 0:
+                    # One of this worker's batches received before the
+                    # checkpoint. Counted per worker, not by task number:
+                    # a replica's batches come in its own order, while which
+                    # worker serves which task depends on timing when
+                    # in_order=False.
+                    self._worker_skip[worker_id] -= 1
+                    continue
             if isinstance(payload, ExceptionWrapper):
                 payload.reraise()
             self._stats.delivered(items)
@@ -431,11 +448,21 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
         return self._pool.workers
 
     def progress(self) -> dict[str, Any] | None:
-        """This epoch's checkpoint record, or None once the epoch is over."""
+        """This epoch's checkpoint record, or None once the epoch is over.
+
+        A map-style epoch whose every batch was received is over even before
+        ``next()`` raised StopIteration (a checkpoint at its last batch, as
+        Lightning takes one): resuming it starts the next epoch, not an empty
+        remainder of this one.
+        """
         if self._finished:
             return None
+        if (not self._is_iterable and self._sampler_done and self._tasks_outstanding == 0
+                and not self._stash and not self._deaths):
+            return None
         extra = [i for i in self._consumed_ahead if i >= self._rcvd_idx]
-        return progress_record(self._epoch_start, self._rcvd_idx, extra, self._num_yielded)
+        return progress_record(self._epoch_start, self._rcvd_idx, extra, self._num_yielded,
+                               self._worker_received if self._is_iterable else None)
 
     @property
     def stats(self) -> LoaderStats:
@@ -447,6 +474,9 @@ class ResumableSingleIter(RecordsProgressOnDrop, SingleProcessDataLoaderIter):
     """DataLoader's own ``num_workers=0`` iterator, with checkpoint and resume."""
 
     def __init__(self, loader: Any, plan: ResumePlan | None = None) -> None:
+        # torch's iterator calls iter() on an IterableDataset as it is built,
+        # which may change the dataset's state: its epoch-start state is now.
+        self._dataset_start = dataset_state_of(loader) if plan is None else None
         super().__init__(loader)
         self._finished = False
         self._loader = loader
@@ -460,6 +490,10 @@ class ResumableSingleIter(RecordsProgressOnDrop, SingleProcessDataLoaderIter):
             self._base_seed = plan.start.base_seed
             plan.start.apply(loader)
             self._epoch_start = plan.start
+            if self._dataset_kind == DatasetKind.Iterable:
+                # Made again from the restored dataset (torch made it before).
+                self._dataset_fetcher = create_fetcher(
+                    self._dataset_kind, self._dataset, self._auto_collation, self._collate_fn, self._drop_last)
             self._sampler_iter = iter(self._index_sampler)
             for _ in range(plan.consumed_prefix):
                 try:
@@ -469,11 +503,17 @@ class ResumableSingleIter(RecordsProgressOnDrop, SingleProcessDataLoaderIter):
                         self._next_index()
                 except StopIteration:
                     break
+            # The resumed epoch's order comes from the recorded state, which
+            # is in place only now (the loader restores the caller's RNG when
+            # iter() returns): let the sampler make its first draw here.
+            first = next(self._sampler_iter, _MISSING)
+            if first is not _MISSING:
+                self._sampler_iter = itertools.chain([first], self._sampler_iter)
             self._num_yielded = plan.num_yielded
 
     def _next_index(self) -> Any:
         if self._epoch_start is None:
-            self._epoch_start = EpochStart.capture(self._loader, self._base_seed)
+            self._epoch_start = EpochStart.capture(self._loader, self._base_seed, self._dataset_start)
         return super()._next_index()
 
     def _next_data(self) -> Any:
@@ -487,6 +527,33 @@ class ResumableSingleIter(RecordsProgressOnDrop, SingleProcessDataLoaderIter):
         """This epoch's checkpoint record, or None once the epoch is over."""
         if self._finished:
             return None
-        # Before the first next(): the state the sampler would draw from now.
-        start = self._epoch_start or EpochStart.capture(self._loader, self._base_seed)
-        return progress_record(start, self._num_yielded, [], self._num_yielded)
+        if self._epoch_start is None:
+            # Before the first next(): nothing of the epoch is drawn yet. The
+            # record is where it starts now; resuming it makes the epoch's
+            # draws for good ("fresh"), as this iterator would have.
+            start = EpochStart.capture(self._loader, self._base_seed, self._dataset_start)
+            return progress_record(start, 0, [], self._num_yielded, fresh=True)
+        if self._all_received():
+            return None
+        return progress_record(self._epoch_start, self._num_yielded, [], self._num_yielded)
+
+    def _all_received(self) -> bool:
+        # Every batch of a map-style epoch was yielded (a checkpoint at its last
+        # batch): the epoch is over, as for the threaded iterator.
+        if self._dataset_kind == DatasetKind.Iterable or self._epoch_start is None:
+            return False
+        try:
+            if self._num_yielded < len(self._index_sampler):
+                return False
+        except TypeError:  # a sampler without len()
+            return False
+        # Confirmed by asking the sampler for one more index, as the next
+        # next() would: a sampler may draw before it stops (RandomSampler
+        # does), and the RNG state saved with the checkpoint must follow it.
+        try:
+            extra = next(self._sampler_iter)
+        except StopIteration:
+            return True
+        self._sampler_iter = itertools.chain([extra], self._sampler_iter)
+        return False
+

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
@@ -106,7 +107,7 @@ class ThreadDataLoader(DataLoader[_T_co]):
         else:
             self._pending_plan = plan
             try:
-                with _state.isolated_rng(self):
+                with contextlib.nullcontext() if plan.fresh_epoch else _state.isolated_rng(self):
                     it = super().__iter__()
             finally:
                 self._pending_plan = None
@@ -171,15 +172,18 @@ class ThreadDataLoader(DataLoader[_T_co]):
                 the sampler or IterableDataset raised when this epoch started.
         """
         it = self._live_iterator() if self._live_iterator is not None else None
+        persistent_base_seed = None
         if it is not None and hasattr(it, "progress"):
             progress = it.progress()
+            if progress is None and self.persistent_workers and self.num_workers > 0:
+                persistent_base_seed = int(it._base_seed)
         elif it is None and self._progress_box is not None:
             if self._progress_box.error is not None:
                 raise self._progress_box.error
             progress = self._progress_box.record  # the iterator was dropped mid-epoch
         else:
             progress = None
-        return _state.make_state(self, progress)
+        return _state.make_state(self, progress, persistent_base_seed)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict`: the next ``iter()`` yields the rest of that epoch.

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator
 
 import torch
-from torch.utils.data import IterableDataset
+from torch.utils.data import BatchSampler, DistributedSampler, IterableDataset, SequentialSampler
 
 STATE_VERSION = 1
 
@@ -70,6 +70,13 @@ def _state_of(obj: Any, owner: str) -> Any:
         return _FailedState(e, owner)
 
 
+def dataset_state_of(loader: Any) -> Any:
+    """The ``state_dict()`` of the loader's IterableDataset, when it has one; else None."""
+    if isinstance(loader.dataset, IterableDataset) and _has_state(loader.dataset):
+        return _state_of(loader.dataset, "dataset")
+    return None
+
+
 @dataclass
 class EpochStart:
     """Random state at the start of one epoch (after the base seed was drawn)."""
@@ -82,9 +89,19 @@ class EpochStart:
     # ``epoch`` of samplers driven by ``set_epoch``: their order depends on it,
     # and on restart Lightning creates the iterator before calling set_epoch.
     sampler_epochs: dict[str, int] = field(default_factory=dict)
+    # torch's global RNG too, when the loader has a generator but a sampler
+    # may draw from the global one (see draws_from_global_rng).
+    global_rng_state: torch.Tensor | None = None
 
     @classmethod
-    def capture(cls, loader: Any, base_seed: int) -> "EpochStart":
+    def capture(cls, loader: Any, base_seed: int, dataset_state: Any = None) -> "EpochStart":
+        """Record the loader's random states now.
+
+        Args:
+            dataset_state: the IterableDataset's state read earlier with
+                :func:`dataset_state_of` (before an iterator was made from
+                it); None reads it now.
+        """
         gen = loader.generator
         rng_state = gen.get_state() if gen is not None else torch.get_rng_state()
         sampler_generators, sampler_states, sampler_epochs = {}, {}, {}
@@ -97,10 +114,11 @@ class EpochStart:
                 sampler_generators[name] = own.get_state()
             if _has_state(obj):
                 sampler_states[name] = _state_of(obj, name)
-        dataset_state = None
-        if isinstance(loader.dataset, IterableDataset) and _has_state(loader.dataset):
-            dataset_state = _state_of(loader.dataset, "dataset")
-        return cls(int(base_seed), rng_state, sampler_generators, sampler_states, dataset_state, sampler_epochs)
+        if dataset_state is None:
+            dataset_state = dataset_state_of(loader)
+        global_state = torch.get_rng_state() if gen is not None and draws_from_global_rng(loader) else None
+        return cls(int(base_seed), rng_state, sampler_generators, sampler_states, dataset_state, sampler_epochs,
+                   global_state)
 
     def check(self) -> None:
         """A checkpoint of this epoch needs every ``state_dict()`` taken at its start.
@@ -118,8 +136,14 @@ class EpochStart:
         """Put the loader's random states back to this epoch start."""
         if loader.generator is not None:
             loader.generator.set_state(self.rng_state)
+            if self.global_rng_state is not None:
+                torch.set_rng_state(self.global_rng_state)
         else:
             torch.set_rng_state(self.rng_state)
+        self.apply_to_objects(loader)
+
+    def apply_to_objects(self, loader: Any) -> None:
+        """Put the samplers' and the IterableDataset's own states back (not the loader's RNG)."""
         objs = _sampler_objects(loader)
         for name, epoch in self.sampler_epochs.items():
             if name in objs and _epoch_of(objs[name]) is not None:
@@ -142,9 +166,30 @@ class ResumePlan:
     consumed_prefix: int  # every task before this one was received
     consumed_extra: list[int]  # received out of order (in_order=False), beyond the prefix
     num_yielded: int
+    # The start of an epoch that had made no draw when the checkpoint was
+    # taken (a persistent iterator's next one; a num_workers=0 iterator before
+    # its first next()): its draws move the loader's RNG for good, as they
+    # would have, instead of being replayed on an isolated copy.
+    fresh_epoch: bool = False
+    # IterableDataset: batches each worker had delivered (None in older states).
+    worker_received: list[int] | None = None
 
     def skips(self, task: int) -> bool:
         return task < self.consumed_prefix or task in self._extra
+
+    def worker_skips(self, num_workers: int) -> list[int]:
+        """IterableDataset: how many of each worker's first batches were received before the checkpoint.
+
+        States that predate per-worker counts name tasks only; with the
+        round-robin assignment of ``in_order=True`` task ``i`` is worker
+        ``i % num_workers``'s, which gives the counts.
+        """
+        if self.worker_received is not None:
+            return list(self.worker_received)
+        counts = [0] * num_workers
+        for task in [*range(self.consumed_prefix), *self._extra]:
+            counts[task % num_workers] += 1
+        return counts
 
     def __post_init__(self) -> None:
         self._extra = frozenset(self.consumed_extra)
@@ -191,38 +236,75 @@ def isolated_rng(loader: Any) -> Iterator[None]:
     torch's global RNG; they are replayed on a saved copy and the global state
     is put back afterwards.
     """
-    if loader.generator is not None:
+    if not draws_from_global_rng(loader):
         yield
         return
     with torch.random.fork_rng(devices=[]):
         yield
 
 
-def make_state(loader: Any, progress: dict[str, Any] | None) -> dict[str, Any]:
+def draws_from_global_rng(loader: Any) -> bool:
+    """Whether an epoch of ``loader`` may draw from torch's global RNG.
+
+    Always without a loader ``generator``. With one, torch's own samplers use
+    it, but a sampler the user passed may still draw from the global RNG (a
+    ``RandomSampler`` without a generator, a custom sampler): then its state
+    is recorded and restored as well.
+    """
+    if loader.generator is None:
+        return True
+    for obj in _sampler_objects(loader).values():
+        if isinstance(obj, (SequentialSampler, BatchSampler, DistributedSampler)):
+            continue  # no draws, or seeded by seed + epoch
+        if getattr(obj, "generator", None) is loader.generator:
+            continue
+        return True
+    return False
+
+
+def make_state(loader: Any, progress: dict[str, Any] | None, persistent_base_seed: int | None = None) -> dict[str, Any]:
     """The loader's state dict.
 
     Args:
         loader: the ThreadDataLoader.
         progress: the live iterator's epoch record and received tasks, or None
             between epochs.
+        persistent_base_seed: between epochs, the base seed of the loader's
+            persistent iterator (its next epoch draws none), else None.
     """
-    return {
+    state = {
         "version": STATE_VERSION,
         "epoch": progress,
-        # Later epochs shuffle from the global RNG when there is no generator.
-        "global_rng_state": torch.get_rng_state() if loader.generator is None else None,
+        # Later epochs shuffle from the global RNG when there is no generator
+        # (or a sampler draws from it all the same).
+        "global_rng_state": torch.get_rng_state() if draws_from_global_rng(loader) else None,
         "generator_state": loader.generator.get_state() if loader.generator is not None and progress is None else None,
     }
+    if progress is None:
+        # What the next epoch starts from besides the loader's RNG: samplers'
+        # own generators and states, the IterableDataset's state, and a
+        # persistent iterator's base seed.
+        start = EpochStart.capture(loader, persistent_base_seed or 0)
+        start.check()
+        state["next_epoch"] = {"start": asdict(start), "persistent": persistent_base_seed is not None}
+    return state
 
 
-def progress_record(start: EpochStart, prefix: int, extra: list[int], num_yielded: int) -> dict[str, Any]:
+def progress_record(start: EpochStart, prefix: int, extra: list[int], num_yielded: int,
+                    worker_received: list[int] | None = None, fresh: bool = False) -> dict[str, Any]:
+    """An epoch's checkpoint record (``fresh``: taken before the epoch made any draw; see ResumePlan)."""
     start.check()
-    return {
+    record = {
         "start": asdict(start),
         "consumed_prefix": int(prefix),
         "consumed_extra": sorted(int(i) for i in extra),
         "num_yielded": int(num_yielded),
     }
+    if worker_received is not None:
+        record["worker_received"] = [int(n) for n in worker_received]
+    if fresh:
+        record["fresh"] = True
+    return record
 
 
 def plan_from_state(loader: Any, state: dict[str, Any]) -> ResumePlan | None:
@@ -242,10 +324,21 @@ def plan_from_state(loader: Any, state: dict[str, Any]) -> ResumePlan | None:
         loader.generator.set_state(state["generator_state"])
     epoch = state["epoch"]
     if epoch is None:
+        upcoming = state.get("next_epoch")
+        if upcoming is None:
+            return None
+        start = EpochStart(**upcoming["start"])
+        if upcoming["persistent"] and loader.persistent_workers and loader.num_workers > 0:
+            # The uninterrupted run's persistent iterator draws no base seed for
+            # its next epoch: the new one takes the old one's and starts from here.
+            return ResumePlan(start=start, consumed_prefix=0, consumed_extra=[], num_yielded=0, fresh_epoch=True)
+        start.apply_to_objects(loader)
         return None
     return ResumePlan(
         start=EpochStart(**epoch["start"]),
         consumed_prefix=epoch["consumed_prefix"],
         consumed_extra=list(epoch["consumed_extra"]),
         num_yielded=epoch["num_yielded"],
+        worker_received=epoch.get("worker_received"),
+        fresh_epoch=bool(epoch.get("fresh", False)),
     )
