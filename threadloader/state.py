@@ -232,9 +232,10 @@ def isolated_rng(loader: Any) -> Iterator[None]:
     """Replay an epoch start without moving the global RNG the user sees.
 
     With a loader ``generator`` the replay moves only that generator, exactly
-    as the interrupted run moved it. Without one, the epoch's draws come from
-    torch's global RNG; they are replayed on a saved copy and the global state
-    is put back afterwards.
+    as the interrupted run moved it. Without one (or when a sampler draws from
+    the global RNG all the same: :func:`draws_from_global_rng`), the epoch's
+    draws come from torch's global RNG; they are replayed on a saved copy and
+    the global state is put back afterwards.
     """
     if not draws_from_global_rng(loader):
         yield
