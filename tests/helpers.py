@@ -42,6 +42,26 @@ class Failing(Dataset):
         return i
 
 
+class NoStateSampler(torch.utils.data.Sampler):
+    """``range(n)`` in order; its ``state_dict()`` raises (not ready, unsupported...): DataLoader never calls it."""
+
+    def __init__(self, n: int, error: Exception | None = None) -> None:
+        self.n = n
+        self.error = error if error is not None else NotImplementedError("no state yet")
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        return iter(range(self.n))
+
+    def state_dict(self):
+        raise self.error
+
+    def load_state_dict(self, state) -> None:
+        pass
+
+
 class Slow(Dataset):
     def __init__(self, n: int, delay: float, slow: set[int] | None = None) -> None:
         self.n, self.delay, self.slow = n, delay, slow

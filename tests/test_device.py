@@ -262,3 +262,42 @@ def test_cuda_break_early_is_safe() -> None:
     del it
     torch.cuda.synchronize()
     torch.testing.assert_close(first.cpu(), _reference(batches[0]), rtol=1e-5, atol=1e-5)
+
+
+class _FailsAt(torch.utils.data.Dataset):
+    """Indices 2 and 3 (the second batch of 2) raise in the worker; the others are small uint8 images."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if i in (2, 3):
+            raise ValueError(f"bad sample {i}")
+        return torch.full((3, 2, 2), i, dtype=torch.uint8)
+
+
+def _outcomes(iterable, first_value) -> list:
+    out, it = [], iter(iterable)
+    while True:
+        try:
+            batch = next(it)
+        except StopIteration:
+            return out
+        except ValueError:
+            out.append("error")
+            continue
+        out.append(first_value(batch))
+
+
+def test_a_loader_error_is_raised_and_the_epoch_goes_on() -> None:
+    # As with the loader itself (and DataLoader): the worker's error is raised
+    # for its batch, and the next next() gives the following batch.
+    from threadloader import ThreadDataLoader
+
+    def make():
+        return ThreadDataLoader(_FailsAt(), batch_size=2, num_workers=2)
+
+    bare = _outcomes(make(), lambda b: int(b[0, 0, 0, 0]))
+    moved = _outcomes(to_device(make(), "cpu"), lambda b: round(float(b[0, 0, 0, 0]) * 255))
+    assert bare == [0, "error", 4, 6]
+    assert moved == bare

@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, ge
 
 from threadloader import ThreadDataLoader
 
-from helpers import Squares, to_list
+from helpers import NoStateSampler, Squares, to_list
 
 
 def roundtrip(sd):
@@ -316,6 +316,35 @@ def test_accelerate_prepare_all_at_once(accelerator):
     import accelerate.data_loader as adl
 
     assert adl.DataLoader is DataLoader  # the name is restored
+
+
+def test_accelerate_helpers_keep_worker_processes(accelerator):
+    from threadloader.integrations import accelerate as tl_accelerate
+
+    def make():
+        return ThreadDataLoader(Squares(8), batch_size=2, num_workers=2, worker_processes=2)
+
+    prepared = tl_accelerate.prepare_data_loader(accelerator, make())
+    skipped = tl_accelerate.skip_first_batches(accelerator, make(), num_batches=1)
+    (_, together) = tl_accelerate.prepare(accelerator, torch.nn.Linear(1, 1), make())
+    assert [prepared.base_dataloader.worker_processes, skipped.worker_processes,
+            together.base_dataloader.worker_processes] == [2, 2, 2]
+    assert to_list(prepared) == to_list(DataLoader(Squares(8), batch_size=2))
+
+
+def test_accelerate_reading_state_before_each_batch_does_not_stop_training(accelerator):
+    # Accelerate reads state_dict() as it wraps the loader and before every
+    # batch; a sampler whose state_dict() raises only makes that state
+    # unloadable, as iteration goes on for a bare loader.
+    from threadloader.integrations import accelerate as tl_accelerate
+    from threadloader.state import CheckpointUnavailable
+
+    prepared = tl_accelerate.prepare_data_loader(
+        accelerator, ThreadDataLoader(Squares(6), batch_size=2, sampler=NoStateSampler(6, RuntimeError("cannot checkpoint")), num_workers=2))
+    assert to_list(prepared) == to_list(DataLoader(Squares(6), batch_size=2))
+    state = prepared.base_dataloader.state_dict()
+    with pytest.raises(CheckpointUnavailable, match="cannot checkpoint"):
+        ThreadDataLoader(Squares(6), batch_size=2, sampler=NoStateSampler(6)).load_state_dict(state)
 
 
 def test_compat_finds_dataloaders_own_call_site():

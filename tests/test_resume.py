@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, Ra
 
 from threadloader import ThreadDataLoader
 
-from helpers import Sharded, Slow, Squares, to_list
+from helpers import NoStateSampler, Sharded, Slow, Squares, to_list
 
 EPOCHS = 3
 
@@ -250,28 +250,12 @@ def test_in_order_false_bookkeeping_stays_bounded():
     del it
 
 
-class _FlakyStateSampler(torch.utils.data.Sampler):
-    """A sampler whose state_dict() fails (not ready, unsupported...): DataLoader never calls it."""
-
-    def __len__(self) -> int:
-        return 4
-
-    def __iter__(self):
-        return iter(range(4))
-
-    def state_dict(self):
-        raise NotImplementedError("no state yet")
-
-    def load_state_dict(self, state) -> None:
-        pass
-
-
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_a_failing_state_dict_does_not_break_iteration_only_a_checkpoint(num_workers):
     from threadloader.state import CheckpointUnavailable
 
-    loader = ThreadDataLoader(Squares(4), sampler=_FlakyStateSampler(), batch_size=2, num_workers=num_workers)
-    assert to_list(loader) == to_list(DataLoader(Squares(4), sampler=_FlakyStateSampler(), batch_size=2))
+    loader = ThreadDataLoader(Squares(4), sampler=NoStateSampler(4), batch_size=2, num_workers=num_workers)
+    assert to_list(loader) == to_list(DataLoader(Squares(4), sampler=NoStateSampler(4), batch_size=2))
     it = iter(loader)
     next(it)
     with pytest.raises(CheckpointUnavailable, match="sampler.state_dict.*no state yet") as info:

@@ -50,12 +50,12 @@ def one_core():
     return time.perf_counter()
 
 
-def only_this_process_busy():
+def only_this_process_busy(cpus=None):
     """A machine where nothing but this process (one core) uses CPU: the other cores idle."""
     return one_core(), time.perf_counter()
 
 
-def every_core_busy():
+def every_core_busy(cpus=None):
     """A machine whose every core is taken (by other processes too)."""
     return time.perf_counter() * (os.cpu_count() or 1), time.perf_counter()
 
@@ -94,7 +94,7 @@ def test_warns_once_when_workers_are_gil_bound(monkeypatch):
 @needs_two_cores
 def test_warns_without_machine_wide_figures(monkeypatch):
     # Where the machine's CPU use cannot be read, the process's figures decide alone.
-    gil = gil_warnings(monkeypatch, lambda: None)
+    gil = gil_warnings(monkeypatch, lambda cpus=None: None)
     assert len(gil) == 1 and "cores stood idle" not in str(gil[0].message)
 
 
@@ -128,6 +128,25 @@ def test_no_gil_warning_when_workers_run_in_processes(monkeypatch, worker_proces
     gil = gil_warnings(monkeypatch, only_this_process_busy, 2 * GIL_CHECK_INTERVAL_S + 0.5,
                        dataset=Slow(100_000, 0.01), **kwargs)
     assert len(gil) == expected, gil
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or (os.cpu_count() or 1) < 2,
+                    reason="needs CPU affinity and 2 cores")
+def test_gil_check_counts_only_the_cores_this_process_may_use():
+    # Pinned to one CPU (taskset, containers, SLURM), busy threads that
+    # release the GIL use one core: that is the affinity, not the GIL. The
+    # check uses the usable cores and their CPU time, not the machine's.
+    import subprocess
+
+    code = (
+        "import os, sys; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
+        "from threadloader import stats; s = stats.LoaderStats(); "
+        "first = stats.system_cpu_seconds(s._cpus); "
+        "print(s._cores, s._cpus is not None, first is not None)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["1", "True", "True"]
 
 
 def test_system_cpu_seconds_grows_with_work():

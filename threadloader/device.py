@@ -300,9 +300,7 @@ class DeviceLoader:
         return _map_structure(batch, convert)
 
     def _iter_sync(self) -> Iterator[Any]:
-        non_blocking = self.device.type != "cpu"
-        for batch in self.loader:
-            yield self._convert(batch, non_blocking)
+        return _SyncIter(self)
 
     # -- CUDA path: side stream, events, prefetch ---------------------------------
     def _iter_cuda(self) -> Iterator[Any]:
@@ -320,6 +318,9 @@ class DeviceLoader:
             try:
                 host = next(source)
             except StopIteration:
+                return False
+            except Exception as error:  # noqa: BLE001 - raised in its turn, after the batches before it
+                inflight.append((None, None, None, error))
                 return False
             copied = torch.cuda.Event()
             ready = torch.cuda.Event()
@@ -351,6 +352,8 @@ class DeviceLoader:
                 if not inflight:
                     return
                 host, copied, ready, device_batch = inflight.popleft()
+                if copied is None:  # the loader raised here: after the batches fetched before it
+                    raise device_batch
                 consumer = torch.cuda.current_stream(self.device)
                 consumer.wait_event(ready)
                 for t in _tensors(device_batch):
@@ -370,11 +373,31 @@ class DeviceLoader:
             # Closing early (break, exception, GC): wait for copies that still
             # read host memory before dropping the last references to it.
             for _, copied, _, _ in inflight:
-                copied.synchronize()
+                if copied is not None:
+                    copied.synchronize()
             for _, copied in held:
                 copied.synchronize()
             inflight.clear()
             held.clear()
+
+
+class _SyncIter:
+    """``to_device``'s iterator without a side stream: one batch converted per ``next()``.
+
+    A class, not a generator: an error of the wrapped loader (a worker's
+    exception) is raised and the iteration goes on, as with the loader itself.
+    """
+
+    def __init__(self, owner: DeviceLoader) -> None:
+        self._owner = owner
+        self._source = iter(owner.loader)
+        self._non_blocking = owner.device.type != "cpu"
+
+    def __iter__(self) -> "_SyncIter":
+        return self
+
+    def __next__(self) -> Any:
+        return self._owner._convert(next(self._source), self._non_blocking)
 
 
 def to_device(

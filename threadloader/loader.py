@@ -99,6 +99,9 @@ class ThreadDataLoader(DataLoader[_T_co]):
         # The counters of the last threaded iterator, not the iterator: holding
         # it would keep its threads alive after the user dropped it.
         self._last_stats: LoaderStats | None = None
+        # Set by the Accelerate integration: state_dict() returns a state whose
+        # load raises, instead of raising itself (see state_dict).
+        self._defer_checkpoint_errors = False
 
     def __iter__(self) -> Iterator[Any]:
         plan, self._resume_plan = self._resume_plan, None
@@ -171,6 +174,16 @@ class ThreadDataLoader(DataLoader[_T_co]):
             threadloader.state.CheckpointUnavailable: the ``state_dict()`` of
                 the sampler or IterableDataset raised when this epoch started.
         """
+        try:
+            return self._state_dict()
+        except _state.CheckpointUnavailable as e:
+            if not self._defer_checkpoint_errors:
+                raise
+            # Prepared through threadloader.integrations.accelerate: Accelerate
+            # reads the state before every batch. The error waits for a load.
+            return _state.unavailable_state(e)
+
+    def _state_dict(self) -> dict[str, Any]:
         it = self._live_iterator() if self._live_iterator is not None else None
         persistent_base_seed = None
         if it is not None and hasattr(it, "progress"):

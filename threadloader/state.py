@@ -308,17 +308,25 @@ def progress_record(start: EpochStart, prefix: int, extra: list[int], num_yielde
     return record
 
 
+def unavailable_state(error: CheckpointUnavailable) -> dict[str, Any]:
+    """A state dict that records why this epoch could not be checkpointed; loading it raises that."""
+    return {"version": STATE_VERSION, "epoch": None, "unavailable": str(error)}
+
+
 def plan_from_state(loader: Any, state: dict[str, Any]) -> ResumePlan | None:
     """Validate a state dict, restore its between-epoch RNG state, and plan the resume.
 
     Raises:
         ValueError: the dict is not a threadloader state of a known version.
+        CheckpointUnavailable: the state records that its epoch could not be checkpointed.
     """
     if not isinstance(state, dict) or state.get("version") != STATE_VERSION or "epoch" not in state:
         raise ValueError(
             f"not a ThreadDataLoader state dict of version {STATE_VERSION}: "
             f"{sorted(state) if isinstance(state, dict) else type(state).__name__}"
         )
+    if state.get("unavailable"):
+        raise CheckpointUnavailable(state["unavailable"])
     if state.get("global_rng_state") is not None:
         torch.set_rng_state(state["global_rng_state"])
     if state.get("generator_state") is not None and loader.generator is not None:

@@ -38,8 +38,16 @@ _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _TORCH_DATA_DIR = os.sep + os.path.join("torch", "utils", "data") + os.sep
 
 
-def system_cpu_seconds() -> tuple[float, float] | None:
-    """Machine-wide CPU time: ``(busy seconds summed over cores, wall-clock reference)``.
+def usable_cpus() -> list[int] | None:
+    """The CPUs this process may run on (its affinity: taskset, containers, SLURM), or None if unknown."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return None
+
+
+def system_cpu_seconds(cpus: list[int] | None = None) -> tuple[float, float] | None:
+    """CPU time of the machine, or of ``cpus`` only: ``(busy seconds summed over cores, wall-clock reference)``.
 
     ``busy`` counts every process's CPU use (user, system, interrupts, steal),
     not idle or I/O wait. Read from psutil when installed, else Linux's
@@ -52,21 +60,32 @@ def system_cpu_seconds() -> tuple[float, float] | None:
         psutil = None
     if psutil is not None:
         try:
-            t = psutil.cpu_times()
-            idle = t.idle + getattr(t, "iowait", 0.0)
-            total = sum(t)  # guest time is already inside user time on Linux; counted twice is harmless here
-            return total - idle - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0), time.perf_counter()
+            if cpus is None:
+                times = [psutil.cpu_times()]
+            else:
+                per_cpu = psutil.cpu_times(percpu=True)
+                times = [per_cpu[i] for i in cpus if i < len(per_cpu)]
+            busy = 0.0
+            for t in times:
+                idle = t.idle + getattr(t, "iowait", 0.0)
+                # guest time is already inside user time on Linux
+                busy += sum(t) - idle - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
+            return busy, time.perf_counter()
         except Exception:  # noqa: BLE001 - any platform oddity: fall through to /proc/stat
             pass
+    wanted = {b"cpu"} if cpus is None else {b"cpu%d" % i for i in cpus}
     try:
         with open("/proc/stat", "rb") as f:
-            fields = f.readline().split()
-        ticks = [int(v) for v in fields[1:9]]  # user nice system idle iowait irq softirq steal
+            rows = [line.split() for line in f if line.startswith(b"cpu")]
         hz = os.sysconf("SC_CLK_TCK")
+        busy_ticks = 0
+        for fields in rows:
+            if fields[0] in wanted:
+                ticks = [int(v) for v in fields[1:9]]  # user nice system idle iowait irq softirq steal
+                busy_ticks += sum(ticks) - ticks[3] - ticks[4]
     except (OSError, ValueError, IndexError, AttributeError):
         return None
-    busy = sum(ticks) - ticks[3] - ticks[4]
-    return busy / hz, time.perf_counter()
+    return busy_ticks / hz, time.perf_counter()
 
 
 def process_cpu_seconds() -> float:
@@ -116,7 +135,12 @@ class LoaderStats:
         self._workers_here = True
         self._baseline = (0.0, 0.0, 0.0, 0)
         self.gil_warned = False
-        self._cores = os.cpu_count() or 1
+        # The cores this process may use: with a narrower CPU affinity, idle
+        # cores elsewhere on the machine are no use to it.
+        machine = os.cpu_count() or 1
+        cpus = usable_cpus()
+        self._cpus = cpus if cpus is not None and len(cpus) < machine else None
+        self._cores = len(cpus) if cpus else machine
         self.new_epoch()
 
     def bind(self, counters: list[WorkerCounters], num_workers: int) -> None:
@@ -145,7 +169,7 @@ class LoaderStats:
 
     def _gil_sample(self) -> tuple[float, float, float, tuple[float, float] | None]:
         fetch = sum(c.fetch_s for c in self._counters)
-        return fetch, process_cpu_seconds(), self.wait_s, system_cpu_seconds()
+        return fetch, process_cpu_seconds(), self.wait_s, system_cpu_seconds(self._cpus)
 
     def _check_gil(self, now: float) -> None:
         """Warn once when the loader is the bottleneck and its busy workers share one core.
@@ -182,7 +206,8 @@ class LoaderStats:
             free = self._cores - (sys1[0] - sys0[0]) / (sys1[1] - sys0[1])
             if free < FREE_CORE_THRESHOLD:
                 return  # the machine is full: the threads wait for a core, not for the GIL
-            free_text = f" and {free:.1f} of the machine's {self._cores} cores stood idle"
+            where = "machine's" if self._cpus is None else "usable"
+            free_text = f" and {free:.1f} of the {where} {self._cores} cores stood idle"
         self.gil_warned = True
         warnings.warn(
             GIL_WARNING.format(

@@ -6,8 +6,9 @@ arguments, and it builds it with the name ``DataLoader`` of
 ThreadDataLoader therefore comes back as a plain DataLoader: loading moves to
 worker processes, and ``stats()`` and the thread loader's ``state_dict()`` are
 gone, without a warning. No subclass survives that, so these helpers run
-Accelerate's own code with that name pointing at :class:`ThreadDataLoader`
-for the duration of the call, and only when the loader being prepared is one::
+Accelerate's own code with that name pointing at a builder of
+:class:`ThreadDataLoader` (which also carries ``worker_processes``) for the
+duration of the call, and only when the loader being prepared is one::
 
     from threadloader.integrations import accelerate as tl_accelerate
 
@@ -48,13 +49,32 @@ def _is_thread_loader(loader: Any) -> bool:
     return isinstance(loader, ThreadDataLoader)
 
 
+def _inner(loader: Any) -> Any:
+    """The ThreadDataLoader itself, inside an Accelerate wrapper or not."""
+    return getattr(loader, "base_dataloader", loader)
+
+
 @contextlib.contextmanager
-def _accelerate_builds_thread_loaders() -> Iterator[None]:
+def _accelerate_builds_thread_loaders(loader: Any) -> Iterator[None]:
     import accelerate.data_loader as adl
+
+    worker_processes = getattr(_inner(loader), "worker_processes", 0)
+
+    def build(*args: Any, **kwargs: Any) -> ThreadDataLoader:
+        # Accelerate passes on DataLoader's own arguments only: ThreadDataLoader's
+        # keyword-only extras are bound here. (Its module uses the name only to
+        # construct loaders, so a function can stand in for the class.)
+        built = ThreadDataLoader(*args, worker_processes=worker_processes, **kwargs)
+        # Accelerate reads the loader's state_dict() as it wraps it and before
+        # every batch, to keep it for a later save_state: a checkpoint that
+        # cannot be taken (a sampler's state_dict() raised) must not stop
+        # training; loading that state raises instead.
+        built._defer_checkpoint_errors = True
+        return built
 
     with _swap_lock:
         saved = adl.DataLoader
-        adl.DataLoader = ThreadDataLoader
+        adl.DataLoader = build
         try:
             yield
         finally:
@@ -74,7 +94,7 @@ def prepare_data_loader(accelerator: Any, loader: Any, **kwargs: Any) -> Any:
     """
     if not _is_thread_loader(loader):
         return accelerator.prepare_data_loader(loader, **kwargs)
-    with _accelerate_builds_thread_loaders():
+    with _accelerate_builds_thread_loaders(loader):
         return accelerator.prepare_data_loader(loader, **kwargs)
 
 
@@ -86,7 +106,7 @@ def skip_first_batches(accelerator: Any, loader: Any, num_batches: int = 0) -> A
     """
     if not _is_thread_loader(loader):
         return accelerator.skip_first_batches(loader, num_batches)
-    with _accelerate_builds_thread_loaders():
+    with _accelerate_builds_thread_loaders(loader):
         return accelerator.skip_first_batches(loader, num_batches)
 
 
