@@ -511,9 +511,12 @@ class ResumableSingleIter(RecordsProgressOnDrop, SingleProcessDataLoaderIter):
                 self._sampler_iter = itertools.chain([first], self._sampler_iter)
             self._num_yielded = plan.num_yielded
 
+    def _capture_start(self) -> EpochStart:
+        return EpochStart.capture(self._loader, self._base_seed, self._dataset_start)
+
     def _next_index(self) -> Any:
         if self._epoch_start is None:
-            self._epoch_start = EpochStart.capture(self._loader, self._base_seed, self._dataset_start)
+            self._epoch_start = self._capture_start()
         return super()._next_index()
 
     def _next_data(self) -> Any:
@@ -531,8 +534,7 @@ class ResumableSingleIter(RecordsProgressOnDrop, SingleProcessDataLoaderIter):
             # Before the first next(): nothing of the epoch is drawn yet. The
             # record is where it starts now; resuming it makes the epoch's
             # draws for good ("fresh"), as this iterator would have.
-            start = EpochStart.capture(self._loader, self._base_seed, self._dataset_start)
-            return progress_record(start, 0, [], self._num_yielded, fresh=True)
+            return progress_record(self._capture_start(), 0, [], self._num_yielded, fresh=True)
         if self._all_received():
             return None
         return progress_record(self._epoch_start, self._num_yielded, [], self._num_yielded)

@@ -497,13 +497,9 @@ def _receive_one(pool: ProcessPool, child: _Child, pid: int) -> bool:
             return False
         return True
     except Exception as exc:  # noqa: BLE001 - the channel itself broke (payloads fail as their task: _Parcel)
-        if not pool.stopping:
-            child.process.join(timeout=POLL_S)  # a broken pipe is most often a child that just died
-            exitcode = child.process.exitcode
-            if exitcode is not None:
-                pool.fail(f"{_crash_message(pid, exitcode)}: receiving its result failed: {exc!r}")
-            else:
-                pool.fail(f"Receiving a result from DataLoader worker process (pid {pid}) failed: {exc!r}")
+        # A broken pipe is most often a child that just died.
+        if not pool.stopping and not _failed_if_died(pool, child, pid, f": receiving its result failed: {exc!r}"):
+            pool.fail(f"Receiving a result from DataLoader worker process (pid {pid}) failed: {exc!r}")
         return False
     forwarded = not pool.stopping and _forward(pool, child, pid, msg)
     # A payload that failed to unpickle keeps its traceback, whose frames
@@ -516,17 +512,28 @@ def _receive_one(pool: ProcessPool, child: _Child, pid: int) -> bool:
 def _forward(pool: ProcessPool, child: _Child, pid: int, msg: tuple[int, int, int, int, Any]) -> bool:
     """Hand one received result to the consumer (pinned first when the loader pins). False: stop."""
     kind, gen, idx, worker_id, payload = msg
-    if isinstance(payload, _ReceiveError):
-        # As DataLoader: a receive error from a worker that died (its file
-        # descriptors went with it) is that worker's death, not the task's.
-        child.process.join(timeout=POLL_S)
-        if child.process.exitcode is not None:
-            if not pool.stopping:
-                pool.fail(_crash_message(pid, child.process.exitcode))
-            return False
+    # As DataLoader: a receive error from a worker that died (its file
+    # descriptors went with it) is that worker's death, not the task's.
+    if isinstance(payload, _ReceiveError) and _failed_if_died(pool, child, pid):
+        return False
     if pool._pin and kind == _DATA and not isinstance(payload, ExceptionWrapper):
         payload = pin_task(payload, pool._pin_device, pool.counters[worker_id], worker_id)
     pool.results.put((kind, gen, idx, worker_id, payload))
+    return True
+
+
+def _failed_if_died(pool: ProcessPool, child: _Child, pid: int, detail: str = "") -> bool:
+    """Whether ``child`` has exited (waiting for it briefly); if so, fail the pool with its crash message.
+
+    Args:
+        detail: appended to the crash message (what failed on the way).
+    """
+    child.process.join(timeout=POLL_S)
+    exitcode = child.process.exitcode
+    if exitcode is None:
+        return False
+    if not pool.stopping:
+        pool.fail(f"{_crash_message(pid, exitcode)}{detail}")
     return True
 
 
