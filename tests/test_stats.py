@@ -8,7 +8,7 @@ import time
 import warnings
 
 import pytest
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from threadloader import ThreadDataLoader, stats
 from threadloader.stats import GIL_CHECK_INTERVAL_S
@@ -195,3 +195,45 @@ def test_tqdm_total_is_the_number_of_batches():
     bar = tqdm(loader, disable=False, file=open(os.devnull, "w"))
     n = sum(1 for _ in bar)
     assert bar.total == len(loader) == n == 4
+
+
+class Sharded(IterableDataset):
+    """``n`` samples split between the workers: each replica's last batch is short."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):
+        info = get_worker_info()
+        start, step = (0, 1) if info is None else (info.id, info.num_workers)
+        return iter(range(start, self.n, step))
+
+
+@pytest.mark.parametrize("worker_processes", [0, 1])
+def test_short_iterable_batches_count_the_samples_they_hold(worker_processes):
+    loader = ThreadDataLoader(Sharded(20), batch_size=8, num_workers=2, worker_processes=worker_processes)
+    batches = list(loader)
+    snap = loader.stats().snapshot()
+    assert sorted(len(b) for b in batches) == [2, 2, 8, 8]
+    assert snap["batches"] == 4 and snap["items"] == 20 and snap["items_fetched"] == 20
+
+
+def test_snapshot_clock_stops_when_the_epoch_ends():
+    loader = ThreadDataLoader(Slow(6, 0.001), batch_size=2, num_workers=2)
+    list(loader)
+    first = loader.stats().snapshot()
+    time.sleep(0.05)
+    second = loader.stats().snapshot()
+    assert second["elapsed_s"] == first["elapsed_s"] and second["items_per_s"] == first["items_per_s"]
+
+
+@pytest.mark.parametrize("worker_processes", [0, 1])
+def test_an_abandoned_epochs_tasks_do_not_count_in_the_next(worker_processes):
+    loader = ThreadDataLoader(Slow(40, 0.002), batch_size=2, num_workers=2, persistent_workers=True,
+                              prefetch_factor=4, worker_processes=worker_processes)
+    for _ in loader:
+        break  # 15 tasks still queued or running: they run to the end, results dropped
+    assert len(list(loader)) == 20
+    snap = loader.stats().snapshot()
+    assert snap["batches"] == 20 and snap["items"] == 40 and snap["items_fetched"] == 40
+    del loader

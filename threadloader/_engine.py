@@ -50,7 +50,7 @@ from ._torch_compat import (
     profiler_enabled,
     warn_iterable_length,
 )
-from ._worker_loop import _CRASHED, _DATA, _DIED, _STOPPED, _Config, _drain, _Shared, _worker_main
+from ._worker_loop import _CRASHED, _DATA, _DIED, _STOPPED, ShortBatch, _Config, _drain, _Shared, _worker_main
 from .state import EpochStart, RecordsProgressOnDrop, ResumePlan, dataset_state_of, progress_record
 from .stats import LoaderStats, WorkerCounters
 
@@ -290,7 +290,7 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
         self._deaths: dict[int, RuntimeError] = {}  # worker -> its death, not raised yet
         if not first_iter:
             self._pool.new_epoch()  # results of the old epoch are dropped on arrival
-            self._stats.new_epoch()
+            self._stats.new_epoch(self._pool.generation)
         for _ in range(self._prefetch_factor * self._num_workers):
             self._try_put_index()
 
@@ -354,6 +354,7 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
                 if self._deaths:  # a worker died without a task of its own left
                     raise self._deaths.pop(next(iter(self._deaths)))
                 self._finished = True
+                self._stats.ended()
                 if not self._persistent_workers:
                     self._shutdown_workers()
                 raise StopIteration
@@ -383,6 +384,8 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
                     # in_order=False.
                     self._worker_skip[worker_id] -= 1
                     continue
+            if type(payload) is ShortBatch:
+                items, payload = payload.items, payload.batch
             if isinstance(payload, ExceptionWrapper):
                 payload.reraise()
             self._stats.delivered(items)

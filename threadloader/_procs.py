@@ -61,7 +61,7 @@ from . import _context
 from ._engine import JOIN_BUDGET_S, ThreadPool
 from ._worker_loop import _CRASHED, _DATA, _Config, _drain, pin_task
 from ._torch_compat import ExceptionWrapper
-from .stats import _caller_stacklevel
+from .stats import WorkerCounters, _caller_stacklevel
 
 __all__ = ["ProcessPool", "check_worker_processes"]
 
@@ -70,7 +70,7 @@ __all__ = ["ProcessPool", "check_worker_processes"]
 POLL_S = 0.1
 
 #: Columns of the shared counters array (one row per worker).
-_FETCH, _COLLATE, _PIN, _ITEMS, _TASKS, _BUSY = range(6)
+_FETCH, _COLLATE, _PIN, _EPOCH, _EPOCH_ITEMS, _TASKS, _BUSY = range(7)
 
 #: Control messages on a child's job queue (besides ``(worker_id, job)``).
 _NEW_EPOCH = -1
@@ -145,10 +145,12 @@ class ArrayCounters:
     fetch_s = _get(_FETCH)
     collate_s = _get(_COLLATE)
     pin_s = _get(_PIN)
-    items = _get(_ITEMS, int)
+    epoch = _get(_EPOCH, int)
+    epoch_items = _get(_EPOCH_ITEMS, int)
     tasks = _get(_TASKS, int)
     busy = _get(_BUSY, bool)
     del _get
+    fetched = WorkerCounters.fetched
 
 
 # --- child side ------------------------------------------------------------------
@@ -346,7 +348,7 @@ class ProcessPool:
         self.failure: str | None = None
         self._failure_lock = threading.Lock()
         num_workers = cfg.num_workers
-        self._counter_tensor = torch.zeros((num_workers, 6), dtype=torch.float64).share_memory_()
+        self._counter_tensor = torch.zeros((num_workers, _BUSY + 1), dtype=torch.float64).share_memory_()
         array = self._counter_tensor.numpy()
         self.counters = [ArrayCounters(array, w) for w in range(num_workers)]
         child_cfg = dataclasses.replace(cfg, pin=False, device_index=None)

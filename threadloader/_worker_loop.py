@@ -19,7 +19,7 @@ import dataclasses
 import queue
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
 
@@ -229,7 +229,7 @@ def _map_step(shared: _Shared, cfg: _Config, worker_id: int, init_error: Excepti
     t0 = time.perf_counter()
     payload = _fetch_map(cfg, index, worker_id)
     counters.fetch_s += time.perf_counter() - t0
-    counters.items += len(index) if cfg.auto_collation else 1
+    counters.fetched(gen, len(index) if cfg.auto_collation else 1)
     if not isinstance(payload, ExceptionWrapper):
         payload = _finish(cfg, payload, counters, worker_id)
     shared.post(gen, idx, worker_id, payload)
@@ -237,28 +237,37 @@ def _map_step(shared: _Shared, cfg: _Config, worker_id: int, init_error: Excepti
     return True
 
 
+class ShortBatch(NamedTuple):
+    """An IterableDataset batch with fewer samples than asked for (its replica ended), as posted."""
+
+    batch: Any
+    items: int
+
+
 class _Replica:
     """One worker's IterableDataset iterator and where it stands."""
 
-    __slots__ = ("fetcher", "gen", "ended", "init_error")
+    __slots__ = ("fetcher", "gen", "ended", "init_error", "collated")
 
     def __init__(self, init_error: ExceptionWrapper | None) -> None:
         self.fetcher: Any = None
         self.gen = -1
         self.ended = False
         self.init_error = init_error
+        self.collated = 0  # samples in the batch the fetcher collated last
 
 
 def _serve_iterable(shared: _Shared, cfg: _Config, worker_id: int, init_error: ExceptionWrapper | None) -> None:
     counters = shared.counters[worker_id]
+    replica = _Replica(init_error)
 
     def collate(data: Any) -> Any:
+        replica.collated = len(data) if cfg.auto_collation else 1
         t0 = time.perf_counter()
         out = _finish(cfg, data, counters, worker_id)
         counters.fetch_s -= time.perf_counter() - t0  # counted as collate, not fetch
         return out  # a failed collate/pin comes back as an ExceptionWrapper: the task's result
 
-    replica = _Replica(init_error)
     while _iterable_step(shared, cfg, worker_id, replica, collate):
         pass
 
@@ -286,6 +295,7 @@ def _iterable_step(shared: _Shared, cfg: _Config, worker_id: int, replica: _Repl
     if replica.ended:
         return True  # DataLoader's exhausted workers ignore further tasks
     t0 = time.perf_counter()
+    replica.collated = 0
     try:
         payload = replica.fetcher.fetch(index)
     except StopIteration:
@@ -295,8 +305,12 @@ def _iterable_step(shared: _Shared, cfg: _Config, worker_id: int, replica: _Repl
     except Exception:
         payload = ExceptionWrapper(where=_where(worker_id, "IterableDataset"))
     counters.fetch_s += time.perf_counter() - t0
-    counters.items += len(index) if cfg.auto_collation else 1
+    counters.fetched(gen, replica.collated)
     counters.tasks += 1
+    if cfg.auto_collation and 0 < replica.collated < len(index):
+        # The replica ran out mid-batch: the consumer's stats count the
+        # samples this batch holds, not the batch size it asked for.
+        payload = ShortBatch(payload, replica.collated)
     shared.post(gen, idx, worker_id, payload)
     return True
 

@@ -121,9 +121,24 @@ class WorkerCounters:
     fetch_s: float = 0.0
     collate_s: float = 0.0
     pin_s: float = 0.0
-    items: int = 0
+    #: The generation (epoch) of the last task counted, and the samples this
+    #: worker fetched for it. Kept per generation, not as a running total
+    #: with a baseline: after a ``break``, a persistent worker still runs the
+    #: abandoned epoch's queued tasks, at times the consumer cannot know.
+    epoch: int = 0
+    epoch_items: int = 0
     tasks: int = 0
     busy: bool = False
+
+    def fetched(self, generation: int, items: int) -> None:
+        """Count ``items`` samples fetched for a task of ``generation``.
+
+        A worker's tasks arrive in submission order, so its generations
+        never go back.
+        """
+        if generation != self.epoch:
+            self.epoch, self.epoch_items = generation, 0
+        self.epoch_items += items
 
 
 class LoaderStats:
@@ -133,7 +148,9 @@ class LoaderStats:
         self._counters: list[WorkerCounters] = []
         self._num_workers = 0
         self._workers_here = True
-        self._baseline = (0.0, 0.0, 0.0, 0)
+        self._baseline = (0.0, 0.0, 0.0)
+        self._generation = 0
+        self._ended: float | None = None
         self.gil_warned = False
         # The cores this process may use: with a narrower CPU affinity, idle
         # cores elsewhere on the machine are no use to it.
@@ -150,14 +167,26 @@ class LoaderStats:
         # CPU: its CPU time says nothing about their GIL.
         self._workers_here = all(getattr(c, "in_this_process", True) for c in counters)
 
-    def new_epoch(self) -> None:
-        """Start counting afresh (a persistent iterator's next epoch)."""
+    def new_epoch(self, generation: int = 0) -> None:
+        """Start counting afresh (a persistent iterator's next epoch).
+
+        Args:
+            generation: the pool's generation for this epoch: the workers'
+                samples are counted per generation (``WorkerCounters.fetched``).
+        """
         self.batches = 0
         self.items = 0
         self.wait_s = 0.0
+        self._generation = generation
+        self._ended = None
         self.started = time.perf_counter()
         self._baseline = self._worker_totals()
         self._gil_mark = (self.started, self._gil_sample())
+
+    def ended(self) -> None:
+        """The epoch is over (StopIteration): its clock stops."""
+        if self._ended is None:
+            self._ended = time.perf_counter()
 
     def delivered(self, items: int) -> None:
         self.batches += 1
@@ -220,27 +249,27 @@ class LoaderStats:
     def waited(self, seconds: float) -> None:
         self.wait_s += seconds
 
-    def _worker_totals(self) -> tuple[float, float, float, int]:
+    def _worker_totals(self) -> tuple[float, float, float]:
         fetch = sum(c.fetch_s for c in self._counters)
         collate = sum(c.collate_s for c in self._counters)
         pin = sum(c.pin_s for c in self._counters)
-        items = sum(c.items for c in self._counters)
-        return fetch, collate, pin, items
+        return fetch, collate, pin
 
     def snapshot(self) -> dict[str, Any]:
         """A plain dict of the counters since this epoch started.
 
         Returns:
-            ``batches``, ``items`` (delivered to the consumer), ``elapsed_s``,
-            ``wait_s`` (consumer blocked waiting for data), ``fetch_s``,
+            ``batches``, ``items`` (delivered to the consumer), ``elapsed_s``
+            (it stops at the epoch's end), ``wait_s`` (consumer
+            blocked waiting for data), ``fetch_s``,
             ``collate_s``, ``pin_s`` (summed over workers), ``items_fetched``,
             ``worker_utilization`` (busy time / (elapsed × workers), 0..1) and
             ``items_per_s``.
         """
-        elapsed = max(time.perf_counter() - self.started, 1e-9)
-        fetch, collate, pin, fetched = (
-            now - base for now, base in zip(self._worker_totals(), self._baseline)
-        )
+        end = time.perf_counter() if self._ended is None else self._ended
+        elapsed = max(end - self.started, 1e-9)
+        fetch, collate, pin = (now - base for now, base in zip(self._worker_totals(), self._baseline))
+        fetched = sum(c.epoch_items for c in self._counters if c.epoch == self._generation)
         busy = fetch + collate + pin
         util = busy / (elapsed * self._num_workers) if self._num_workers else 0.0
         return {
