@@ -421,7 +421,8 @@ def test_numpy_legacy_random_in_a_worker_is_seeded_like_a_worker_process():
 
     main_state = np.random.get_state()[1].copy()
     got = _in_worker(lambda: (draws(np.random), np.random.seed(3), np.random.rand(), np.random.ranf(),
-                              np.random.get_bit_generator() is not np.random.mtrand._rand._bit_generator))
+                              np.random.get_bit_generator() is np.random.mtrand._rand._bit_generator
+                              is not _rng._NP_SINGLETON._bit_generator))
     ref = np.random.RandomState(numpy_seed_state(100, 1))
     assert all(np.array_equal(a, b) for a, b in zip(got[0], draws(ref)))
     ref = np.random.RandomState(3)
@@ -514,3 +515,79 @@ def test_frame_collate_runs_outside_the_routing_mode_and_keeps_it() -> None:
     assert [g[1].item() for g in got] == [w[1].item() for w in want]
     with _rng.routing_suspended():  # outside workers: nothing to set aside
         assert _torch_compat.top_function_mode() is None
+
+
+def _check_random_state_none():
+    """What ``sklearn.utils.check_random_state(None)`` and SciPy's return: NumPy's legacy singleton."""
+    return np.random.mtrand._rand
+
+
+class _SingletonDraws(Dataset):
+    """Draws through ``np.random.mtrand._rand`` itself, as scikit-learn and SciPy code does."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int):
+        rs = _check_random_state_none()
+        return rs.rand(), rs.randint(0, 10**6), rs.normal()
+
+
+@pytest.mark.parametrize("worker_processes", [0, 1])
+def test_numpy_legacy_singleton_in_a_worker_is_the_workers(worker_processes):
+    out, after = [], []
+    for cls, kw in ((DataLoader, {}), (ThreadDataLoader, {"worker_processes": worker_processes})):
+        torch.manual_seed(0)
+        np.random.seed(0)
+        out.append(list(cls(_SingletonDraws(), batch_size=None, num_workers=2, **kw)))
+        after.append(np.random.rand())  # the training loop's stream is untouched
+    assert out[0] == out[1] and after[0] == after[1]
+
+
+def test_numpy_legacy_singleton_outside_workers_is_numpys():
+    rs = _check_random_state_none()
+    assert isinstance(rs, np.random.RandomState)
+    rs.seed(5)
+    assert np.random.rand() == np.random.RandomState(5).rand()
+    np.random.seed(6)
+    assert rs.rand() == np.random.RandomState(6).rand()
+    state = rs.get_state()
+    assert np.array_equal(state[1], np.random.get_state()[1])
+    bitgen = np.random.PCG64(7)
+    np.random.set_bit_generator(bitgen)
+    try:
+        assert np.random.get_bit_generator() is bitgen and rs._bit_generator is bitgen
+        assert rs.rand() == np.random.RandomState(np.random.PCG64(7)).rand()
+    finally:
+        np.random.set_bit_generator(np.random.MT19937(0))
+    np.random.seed(8)
+    assert np.random.rand() == np.random.RandomState(8).rand()
+
+
+class _HelperThreadDraws(Dataset):
+    """Hands each sample's draws to a thread of its own, as datasets with an internal pool do."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int):
+        out = {}
+
+        def draw():
+            info = torch.utils.data.get_worker_info()
+            out["v"] = (torch.rand(()).item(), float(np.random.rand()), info and (info.id, info.seed))
+
+        t = threading.Thread(target=draw)
+        t.start()
+        t.join()
+        return out["v"]
+
+
+def test_threads_a_worker_process_starts_draw_from_that_processs_seeded_generators():
+    """With one worker per process, a helper thread's draws and worker info are DataLoader's."""
+    out = []
+    for cls, kw in ((DataLoader, {}), (ThreadDataLoader, {"worker_processes": 2})):
+        torch.manual_seed(0)
+        out.append(list(cls(_HelperThreadDraws(), batch_size=None, num_workers=2, **kw)))
+    assert out[0] == out[1]
+    assert out[1][0][:2] != out[1][1][:2]  # the two processes' streams differ

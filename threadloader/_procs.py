@@ -57,7 +57,7 @@ import numpy as np
 import torch
 import torch.multiprocessing as torch_mp
 
-from . import _context
+from . import _context, worker
 from ._engine import JOIN_BUDGET_S, ThreadPool
 from ._worker_loop import _CRASHED, _DATA, _Config, _drain, pin_task
 from ._torch_compat import ExceptionWrapper
@@ -288,6 +288,11 @@ def _child_main(
         return
     _context.mark_child_process()
     torch.set_num_threads(1)  # as DataLoader's workers: no intra-op pool per process
+    # Threads the workers start use the process's generators: seeded per
+    # child (DataLoader's seeds when the child holds one worker), not the
+    # parent's copy in every child.
+    worker.seed_process(cfg.base_seed, worker_ids[0])
+    cfg = dataclasses.replace(cfg, owns_process=len(worker_ids) == 1)
     array = counters.numpy()
     pool = ThreadPool(cfg, worker_ids, _ParcelQueue(results), {w: ArrayCounters(array, w) for w in worker_ids})
     try:

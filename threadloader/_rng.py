@@ -82,9 +82,27 @@ _WORKER: contextvars.ContextVar[WorkerGenerators | None] = contextvars.ContextVa
     "threadloader_worker_rng", default=None
 )
 _PY_RANDOM: contextvars.ContextVar[Any] = contextvars.ContextVar("threadloader_random", default=_random._inst)
-_NP_LEGACY: contextvars.ContextVar[Any] = contextvars.ContextVar(
-    "threadloader_numpy_random", default=_mtrand._rand if _mtrand is not None else None
-)
+#: NumPy's legacy singleton (``np.random.mtrand._rand`` before routing).
+_NP_SINGLETON = _mtrand._rand if _mtrand is not None else None
+_NP_LEGACY: contextvars.ContextVar[Any] = contextvars.ContextVar("threadloader_numpy_random", default=_NP_SINGLETON)
+
+
+if _np is not None:
+    class _RoutedRandomState(_np.random.RandomState):
+        """``np.random.mtrand._rand`` while routing is installed: the calling context's legacy state.
+
+        scikit-learn's and SciPy's ``check_random_state(None)`` return that
+        singleton and draw through its methods, not the module functions; in
+        a worker thread they must reach the worker's ``RandomState``, as they
+        reach the worker process's own singleton under DataLoader. A subclass,
+        so ``isinstance`` checks hold; every attribute is the current one's.
+        """
+
+        def __getattribute__(self, name: str) -> Any:
+            return getattr(_NP_LEGACY.get(), name)
+
+        def __setattr__(self, name: str, value: Any) -> None:
+            setattr(_NP_LEGACY.get(), name, value)
 
 
 # --- torch functions without a generator argument --------------------------------
@@ -291,7 +309,12 @@ def _numpy_special(name: str, original: Callable) -> Callable:
         def fn(bitgen):
             r = get()
             if r is default:
-                return original(bitgen)
+                # The singleton's, as numpy's function sets it (a RandomState
+                # built on ``bitgen``). Not numpy's function itself: it acts on
+                # whatever ``mtrand._rand`` is, which is the router while
+                # routing is installed.
+                default.__init__(bitgen)
+                return None
             # A worker's own legacy state, as set_bit_generator sets the
             # process's in a worker process.
             _NP_LEGACY.set(_np.random.RandomState(bitgen))
@@ -352,7 +375,7 @@ def _replace_module_functions() -> None:
             setattr(_random, name, fn)
     if _np is None:  # pragma: no cover
         return
-    rand = _mtrand._rand
+    rand = _NP_SINGLETON
     special = ("seed", "ranf", "sample", "get_bit_generator", "set_bit_generator")
     made: dict[str, Callable] = {}
     for ns in (_np.random, _mtrand):
@@ -369,6 +392,8 @@ def _replace_module_functions() -> None:
             made[name] = fn
             _replaced.append((ns, name, value))
             setattr(ns, name, fn)
+    _replaced.append((_mtrand, "_rand", rand))
+    _mtrand._rand = _RoutedRandomState()
 
 
 def install() -> None:
@@ -422,7 +447,7 @@ def leave() -> None:
     _WORKER.set(None)
     _PY_RANDOM.set(_random._inst)
     if _mtrand is not None:
-        _NP_LEGACY.set(_mtrand._rand)
+        _NP_LEGACY.set(_NP_SINGLETON)
 
 
 class routing_suspended:

@@ -49,6 +49,9 @@ __all__ = [
     "pin_memory",
     "install",
     "set_thread_worker_info",
+    "get_thread_worker_info",
+    "set_process_worker_info",
+    "process_worker_info",
 ]
 
 #: torch's base iterator: draws the base seed, builds the sampler iterator,
@@ -67,6 +70,25 @@ _installed = False
 def set_thread_worker_info(info: Any) -> None:
     """Set (or clear with None) the worker info seen by the current thread."""
     _tls.info = info
+
+
+def get_thread_worker_info() -> Any:
+    """The current thread's own worker info (None: not a worker thread)."""
+    return getattr(_tls, "info", None)
+
+
+def set_process_worker_info(info: Any) -> None:
+    """Set (or clear with None) the worker info of the whole process, as a DataLoader worker process has it.
+
+    Seen by every thread without a worker info of its own (threads a worker
+    starts); only for a child process that runs a single worker.
+    """
+    _worker._worker_info = info
+
+
+def process_worker_info() -> Any:
+    """The process-wide worker info (None outside a worker process)."""
+    return _worker._worker_info
 
 
 def numpy_seed_state(base_seed: int, worker_id: int) -> list[int]:

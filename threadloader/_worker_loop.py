@@ -56,6 +56,8 @@ class _Config:
     pin_device: str | None
     device_index: int | None
     items_per_task: int = 1  # samples a task fetches (the batch size when batching)
+    #: The worker is its child process's only one (worker_processes == num_workers).
+    owns_process: bool = False
 
 
 class _Shared:
@@ -118,7 +120,7 @@ def _worker_main(shared: _Shared, cfg: _Config, worker_id: int) -> None:
         cfg = dataclasses.replace(
             cfg, dataset=replica, init_fn=worker.rebound(cfg.init_fn, cfg.dataset, replica),
             collate_fn=worker.rebound(cfg.collate_fn, cfg.dataset, replica))
-        worker.enter_worker(worker_id, cfg.num_workers, cfg.base_seed, cfg.dataset)
+        worker.enter_worker(worker_id, cfg.num_workers, cfg.base_seed, cfg.dataset, process_wide=cfg.owns_process)
         # This thread only ever collates for this loader: tell collate
         # functions (frame_collate) once whether batches get pinned.
         _context.set_collating(cfg.pin)

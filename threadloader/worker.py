@@ -15,8 +15,11 @@ training loop's RNG is never touched. ``info.rng`` holds the same generators
 from __future__ import annotations
 
 import copy
+import random
 import types
 from typing import Any, Callable
+
+import torch
 
 from . import _rng, _torch_compat
 
@@ -28,7 +31,8 @@ _rng.install()
 get_worker_info = _torch_compat.TORCH_GET_WORKER_INFO
 
 
-def enter_worker(worker_id: int, num_workers: int, base_seed: int, dataset: Any) -> Any:
+def enter_worker(worker_id: int, num_workers: int, base_seed: int, dataset: Any,
+                 process_wide: bool = False) -> Any:
     """Make the calling thread worker ``worker_id`` and return its info.
 
     From here until :func:`leave_worker`, the thread's global RNG API acts on
@@ -39,6 +43,9 @@ def enter_worker(worker_id: int, num_workers: int, base_seed: int, dataset: Any)
         num_workers: the loader's ``num_workers``.
         base_seed: the seed the iterator drew from the loader's generator.
         dataset: the dataset the worker reads (its :func:`worker_dataset`).
+        process_wide: the worker is the only one in its (child) process: its
+            info is also the process's, so threads it starts see it, as in a
+            DataLoader worker process.
 
     Returns:
         The ``WorkerInfo`` now returned by ``get_worker_info()`` in this thread.
@@ -47,8 +54,27 @@ def enter_worker(worker_id: int, num_workers: int, base_seed: int, dataset: Any)
     rng = _torch_compat.make_rng(gens.random, gens.torch, gens.numpy)
     info = _torch_compat.make_worker_info(worker_id, num_workers, base_seed, dataset, rng)
     _torch_compat.set_thread_worker_info(info)
+    if process_wide:
+        _torch_compat.set_process_worker_info(info)
     _rng.enter(gens)
     return info
+
+
+def seed_process(base_seed: int, worker_id: int) -> None:
+    """Seed the process-wide generators as DataLoader seeds the process of worker ``worker_id``.
+
+    For a ``worker_processes`` child, with its first worker's id: its worker
+    threads draw from their own generators, but threads they start draw from
+    the process's, which must not be the parent's unseeded copy in every child.
+    """
+    seed = base_seed + worker_id
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy as np
+    except ImportError:  # pragma: no cover - numpy is a dependency
+        return
+    np.random.seed(_torch_compat.numpy_seed_state(base_seed, worker_id))
 
 
 def worker_dataset(dataset: Any) -> Any:
@@ -88,4 +114,7 @@ def rebound(fn: Callable | None, original: Any, replica: Any) -> Callable | None
 def leave_worker() -> None:
     """Clear the calling thread's worker info and give it the global RNG API back."""
     _rng.leave()
+    info = _torch_compat.get_thread_worker_info()
+    if info is not None and _torch_compat.process_worker_info() is info:
+        _torch_compat.set_process_worker_info(None)
     _torch_compat.set_thread_worker_info(None)
