@@ -111,6 +111,40 @@ def test_structure_handling() -> None:
     torch.testing.assert_close(outs[4], ref, rtol=1e-5, atol=1e-5)
 
 
+class _Views(collections.abc.Sequence):
+    """A read-only Sequence batch type, as a user's collate_fn may return."""
+
+    def __init__(self, items) -> None:
+        self._items = list(items)
+
+    def __getitem__(self, k):
+        return self._items[k]
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+class _Tagged(dict):
+    """A dict subclass with an attribute of its own."""
+
+
+def test_containers_keep_their_type_as_in_torchs_pin_memory() -> None:
+    x = _images()
+    tagged = _Tagged(image=x)
+    tagged.source = "train"
+    batches = [_Views([x, "meta"]), collections.defaultdict(list, image=x), tagged, [x, range(2)]]
+    outs = list(to_device(batches, "cpu", normalize=(MEAN, STD)))
+    ref = _reference(x)
+    assert type(outs[0]) is _Views and outs[0][1] == "meta"
+    torch.testing.assert_close(outs[0][0], ref, rtol=1e-5, atol=1e-5)  # walked into, not skipped
+    assert type(outs[1]) is collections.defaultdict and outs[1].default_factory is list
+    torch.testing.assert_close(outs[1]["image"], ref, rtol=1e-5, atol=1e-5)
+    assert type(outs[2]) is _Tagged and outs[2].source == "train"
+    torch.testing.assert_close(outs[2]["image"], ref, rtol=1e-5, atol=1e-5)
+    assert outs[3][1] == [0, 1]  # a range cannot be rebuilt: a list, as pin_memory makes it
+    assert type(batches[1]["image"]) is torch.Tensor and batches[1]["image"].dtype == torch.uint8  # input kept
+
+
 def test_paired_images_share_flips() -> None:
     x = _images(n=8)
     (a, b) = next(iter(to_device([(x, x.clone())], "cpu", mirror=0.5, dtype=None)))

@@ -49,6 +49,15 @@ def test_to_tensor_of_read_only_array_copies() -> None:
     assert t.shape == (3, 2, 3)
 
 
+@pytest.mark.parametrize("view", [np.s_[..., ::-1], np.s_[::-1], np.s_[:, ::-1]])
+def test_to_tensor_of_a_flipped_view_copies(view) -> None:
+    # OpenCV's BGR -> RGB ``[..., ::-1]``: negative strides, which torch.from_numpy refuses.
+    arr = np.arange(2 * 3 * 3, dtype=np.uint8).reshape(2, 3, 3)
+    t = Frame(arr[view]).to_tensor()
+    assert torch.equal(t, torch.from_numpy(arr[view].copy()).permute(2, 0, 1))
+    assert torch.equal(frame_collate([Frame(arr[view])])[0], t)
+
+
 def test_collate_equals_pil_to_tensor_default_collate() -> None:
     frames = [_frame(seed=i) for i in range(4)]
     out = frame_collate(frames)

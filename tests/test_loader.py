@@ -242,6 +242,10 @@ class _MixedSamples(Dataset):
     def __getitem__(self, i: int) -> torch.Tensor:
         if self.kind == "grad":
             return torch.ones(2, requires_grad=True)
+        if self.kind == "ndarray":  # a tensor, then an array at the same position
+            return torch.ones(2) if i % 2 == 0 else np.ones(2)
+        if self.kind == "conj":
+            return (torch.ones(2, dtype=torch.complex64) * 1j).conj()
         first = torch.float32 if self.kind == "float" else torch.int64
         return torch.tensor([i, i + 0.5], dtype=first if i % 2 == 0 else torch.float64)
 
@@ -249,7 +253,7 @@ class _MixedSamples(Dataset):
 def _collate_outcome(cls, kind: str, num_workers: int, **kw):
     try:
         return [(b.dtype, b.tolist()) for b in cls(_MixedSamples(kind), batch_size=2, num_workers=num_workers, **kw)]
-    except (TypeError, RuntimeError) as e:
+    except (TypeError, RuntimeError, AttributeError) as e:
         return type(e), str(e).strip().splitlines()[-1]
 
 
@@ -260,12 +264,14 @@ def _dataloader_collate_outcome(kind: str):
     return _collate_outcome(DataLoader, kind, 1, multiprocessing_context="fork")
 
 
-@pytest.mark.parametrize("kind", ["float", "long", "grad"])
+@pytest.mark.parametrize("kind", ["float", "long", "grad", "ndarray", "conj"])
 @pytest.mark.parametrize("worker_processes", [0, 1])
 def test_default_collate_in_workers_types_the_batch_as_dataloader_workers(kind, worker_processes):
     # A DataLoader worker stacks into a batch of the first sample's dtype
     # (``out=``): float32 then float64 gives float32, a float sample cannot go
-    # into a Long batch, and samples requiring grad are refused.
+    # into a Long batch, and samples requiring grad are refused. Sizing the
+    # batch asks every sample for numel() (an array has none), and a
+    # conjugate view cannot make the batch tensor.
     expected = _dataloader_collate_outcome(kind)
     assert _collate_outcome(ThreadDataLoader, kind, 2, worker_processes=worker_processes) == expected
 

@@ -25,8 +25,9 @@ float32) and do the per-pixel float work on the device, in one fused op.
 from __future__ import annotations
 
 import collections
+import copy
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping, MutableSequence, Sequence
 from typing import Any
 
 import torch
@@ -216,23 +217,41 @@ def _is_image(t: Any) -> bool:
 
 
 def _map_structure(obj: Any, fn: Any) -> Any:
-    """Apply ``fn`` to every tensor leaf, rebuilding containers like default_collate does."""
+    """Apply ``fn`` to every tensor leaf; containers are rebuilt as torch's ``pin_memory`` rebuilds them.
+
+    A mutable mapping or sequence is copied and updated (its type and extra
+    attributes kept: a ``defaultdict`` stays one), an immutable one is built
+    from the mapped items, and a type that allows neither becomes a dict or
+    list. ``obj`` itself is never changed.
+    """
     if isinstance(obj, torch.Tensor):
         return fn(obj)
+    if isinstance(obj, (str, bytes)):
+        return obj
     if isinstance(obj, Mapping):
         items = {k: _map_structure(v, fn) for k, v in obj.items()}
         try:
+            if isinstance(obj, MutableMapping):
+                clone = copy.copy(obj)
+                clone.update(items)
+                return clone
             return type(obj)(items)  # type: ignore[call-arg]
         except TypeError:
             return items
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
-        return type(obj)(*(_map_structure(v, fn) for v in obj))
-    if isinstance(obj, (list, tuple)):
+    if isinstance(obj, tuple):
         mapped = [_map_structure(v, fn) for v in obj]
-        if isinstance(obj, tuple):
-            return type(obj)(mapped) if type(obj) is not tuple else tuple(mapped)
+        if hasattr(obj, "_fields"):  # namedtuple
+            return type(obj)(*mapped)
+        return type(obj)(mapped) if type(obj) is not tuple else tuple(mapped)
+    if isinstance(obj, Sequence):
+        mapped = [_map_structure(v, fn) for v in obj]
         try:
-            return type(obj)(mapped)
+            if isinstance(obj, MutableSequence):
+                clone = copy.copy(obj)
+                for i, v in enumerate(mapped):
+                    clone[i] = v
+                return clone
+            return type(obj)(mapped)  # type: ignore[call-arg]
         except TypeError:
             return mapped
     return obj

@@ -104,11 +104,13 @@ class Frame:
     def to_tensor(self) -> torch.Tensor:
         """The pixels as a ``(C, H, W)`` uint8 tensor, as ``PILToTensor`` gives.
 
-        Shares memory with the frame when its array is writable (a
-        channels-last strided view), copies otherwise.
+        Shares memory with the frame when its array is writable and has no
+        negative stride (a channels-last strided view), copies otherwise.
         """
         arr = self.numpy()
-        if not arr.flags.writeable:  # torch.from_numpy warns on read-only arrays
+        # torch.from_numpy warns on read-only arrays and refuses negative
+        # strides (a flipped view, e.g. OpenCV's BGR -> RGB ``[..., ::-1]``).
+        if not arr.flags.writeable or min(arr.strides) < 0:
             arr = arr.copy()
         return torch.from_numpy(arr).permute(2, 0, 1)
 
