@@ -278,6 +278,36 @@ def test_default_collate_in_workers_types_the_batch_as_dataloader_workers(kind, 
 
 # --- worker info and randomness -----------------------------------------------------------
 
+class _OwnGenerators(Dataset):
+    """Augments with generators of its own, made once in __init__ (a common pattern)."""
+
+    def __init__(self):
+        self.np_rng = np.random.default_rng(0)
+        self.legacy = np.random.RandomState(1)
+        self.py_rng = random.Random(2)
+        self.torch_rng = torch.Generator().manual_seed(3)
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        time.sleep(0.001 * (i % 3))  # workers interleave differently on every run
+        return (i, float(self.np_rng.random()), float(self.legacy.rand()), self.py_rng.random(),
+                torch.rand((), generator=self.torch_rng).item())
+
+
+@pytest.mark.parametrize("worker_processes", [0, 1])
+def test_generators_a_dataset_holds_are_each_workers_own(worker_processes):
+    # In DataLoader every worker process draws from its own copy of them: the
+    # same batches on every run. Shared by threads, the draws would go in
+    # whatever order the threads run.
+    ds = _OwnGenerators()
+    oracle = [to_list(b) for b in DataLoader(ds, batch_size=2, num_workers=2)]
+    for _ in range(2):
+        ours = [to_list(b) for b in ThreadDataLoader(ds, batch_size=2, num_workers=2, worker_processes=worker_processes)]
+        assert ours == oracle
+    assert ds.np_rng.random() == np.random.default_rng(0).random()  # the loader's dataset keeps its own
+
 def test_each_worker_has_its_own_shallow_copy_of_the_dataset():
     # As with worker processes: attributes a worker sets stay its own (the
     # lazily opened handle pattern), the data the dataset holds is not copied.

@@ -82,6 +82,8 @@ _WORKER: contextvars.ContextVar[WorkerGenerators | None] = contextvars.ContextVa
     "threadloader_worker_rng", default=None
 )
 _PY_RANDOM: contextvars.ContextVar[Any] = contextvars.ContextVar("threadloader_random", default=_random._inst)
+#: ``random``'s hidden singleton (the module functions' instance before routing).
+PY_SINGLETON = _random._inst
 #: NumPy's legacy singleton (``np.random.mtrand._rand`` before routing).
 _NP_SINGLETON = _mtrand._rand if _mtrand is not None else None
 _NP_LEGACY: contextvars.ContextVar[Any] = contextvars.ContextVar("threadloader_numpy_random", default=_NP_SINGLETON)
@@ -103,6 +105,14 @@ if _np is not None:
 
         def __setattr__(self, name: str, value: Any) -> None:
             setattr(_NP_LEGACY.get(), name, value)
+
+
+def is_numpy_generator(value: Any) -> bool:
+    """Whether ``value`` is a NumPy ``Generator`` or a ``RandomState`` of its own (not the legacy singleton)."""
+    if _np is None or not isinstance(value, (_np.random.Generator, _np.random.RandomState)):
+        return False
+    # The singleton and its router (their type first: the router forwards attributes).
+    return type(value) is not _RoutedRandomState and value is not _NP_SINGLETON
 
 
 # --- torch functions without a generator argument --------------------------------

@@ -78,7 +78,7 @@ def seed_process(base_seed: int, worker_id: int) -> None:
 
 
 def worker_dataset(dataset: Any) -> Any:
-    """The worker's own shallow copy of ``dataset``.
+    """The worker's own shallow copy of ``dataset``, with its own copies of the generators it holds.
 
     A worker process works on its own copy of the dataset, so attributes a
     worker sets on it (a file handle opened lazily in ``__getitem__``, a worker
@@ -87,16 +87,50 @@ def worker_dataset(dataset: Any) -> Any:
     dataset holds (arrays, tensors, lists, dicts) stays one shared object, never
     duplicated. A dataset that cannot be copied is shared as it is.
 
+    Random generators the dataset holds as attributes (``random.Random``,
+    NumPy ``Generator``/``RandomState``, ``torch.Generator``) are copied too:
+    each worker process draws from its own copy of them, so the draws do not
+    depend on how the workers interleave.
+
     Args:
         dataset: the loader's dataset.
 
     Returns:
-        ``copy.copy(dataset)``, or ``dataset`` itself when copying fails.
+        The copy, or ``dataset`` itself when copying fails.
     """
     try:
-        return copy.copy(dataset)
+        replica = copy.copy(dataset)
     except Exception:  # noqa: BLE001 - an uncopyable dataset is shared, as before
         return dataset
+    try:
+        attrs = vars(replica)
+    except TypeError:  # __slots__: nothing of its own to give each worker
+        return replica
+    for name, value in list(attrs.items()):
+        own = _own_generator(value)
+        if own is not value:
+            attrs[name] = own
+    return replica
+
+
+def _own_generator(value: Any) -> Any:
+    """A copy of ``value`` in its current state when it is a random generator, else ``value``.
+
+    The process-wide generators (``torch.default_generator``, ``random``'s and
+    NumPy's singletons) are left as they are: the routing sends worker
+    threads' draws from them to the worker's own.
+    """
+    if isinstance(value, torch.Generator):
+        if value is torch.default_generator or value.device.type != "cpu":
+            return value
+        own = torch.Generator()
+        own.set_state(value.get_state())
+        return own
+    if isinstance(value, random.Random):
+        return value if value is _rng.PY_SINGLETON else copy.deepcopy(value)
+    if _rng.is_numpy_generator(value):
+        return copy.deepcopy(value)
+    return value
 
 
 def rebound(fn: Callable | None, original: Any, replica: Any) -> Callable | None:
