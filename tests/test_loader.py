@@ -635,6 +635,20 @@ def test_persistent_loader_with_a_dead_worker_refuses_the_next_epoch(worker_proc
         iter(loader)
 
 
+@pytest.mark.parametrize("worker_processes", [0, 1])
+def test_a_worker_dying_after_break_makes_the_next_epoch_refused(worker_processes):
+    # Worker 0 dies on a task queued before the break (the abandoned epoch's
+    # tasks still run). DataLoader's next epoch waits for its workers and
+    # finds the dead one; so must ours, before any batch.
+    loader = ThreadDataLoader(_DiesAt(SystemExit(3)), batch_size=None, num_workers=2, timeout=20,
+                              persistent_workers=True, worker_processes=worker_processes)
+    for _ in loader:
+        break
+    time.sleep(1.0)  # the death is reported while no epoch reads the results
+    with pytest.raises(RuntimeError, match=r"DataLoader worker \(thread\(s\) 0\) exited unexpectedly"):
+        iter(loader)
+
+
 def test_timeout_raises_on_time_while_a_worker_is_stuck():
     loader = ThreadDataLoader(Slow(4, 1.5), batch_size=None, num_workers=1, timeout=0.3)
     t0 = time.monotonic()

@@ -237,3 +237,33 @@ def test_an_abandoned_epochs_tasks_do_not_count_in_the_next(worker_processes):
     snap = loader.stats().snapshot()
     assert snap["batches"] == 20 and snap["items"] == 40 and snap["items_fetched"] == 40
     del loader
+
+
+def test_iterable_fetch_time_is_never_negative_in_a_snapshot(monkeypatch):
+    # The collate time is taken out of the fetch time in one update: a worker
+    # paused right after its fetcher returned (descheduled) must not show a
+    # negative fetch time to a snapshot taken meanwhile.
+    import threadloader._worker_loop as worker_loop
+
+    class PausesAfterFetch:
+        def __init__(self, fetcher):
+            self.fetcher = fetcher
+
+        def fetch(self, index):
+            out = self.fetcher.fetch(index)
+            time.sleep(0.3)
+            return out
+
+    create = worker_loop.create_fetcher
+    monkeypatch.setattr(worker_loop, "create_fetcher", lambda *a, **k: PausesAfterFetch(create(*a, **k)))
+
+    def slow_collate(batch):
+        time.sleep(0.1)
+        return batch
+
+    loader = ThreadDataLoader(Sharded(4), batch_size=2, num_workers=1, collate_fn=slow_collate)
+    it = iter(loader)
+    time.sleep(0.25)  # inside the first task's pause
+    snap = loader.stats().snapshot()
+    assert len(list(it)) == 2
+    assert snap["fetch_s"] >= 0 and snap["worker_utilization"] >= 0

@@ -260,6 +260,7 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
         if first_iter:
             self._dead_workers: set[int] = set()  # ended by a BaseException: for good
         else:  # a persistent iterator's next epoch
+            self._read_between_epochs()
             if self._dead_workers:
                 # Their tasks would never be served. DataLoader's next epoch
                 # finds its dead worker process the same way.
@@ -392,6 +393,25 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
             return payload
 
     # helpers ----------------------------------------------------------------------
+    def _read_between_epochs(self) -> None:
+        """Read what arrived since the last epoch, before a persistent iterator starts the next one.
+
+        Results are the old epoch's: dropped. A worker that died meanwhile
+        (finishing an abandoned epoch's tasks after a ``break``) is recorded,
+        so the new epoch is refused as DataLoader refuses it, before any batch.
+
+        Raises:
+            RuntimeError: a worker process crashed meanwhile.
+        """
+        while (message := _get_or_none(self._pool.results, 0)) is not None:
+            kind, _, _, worker_id, payload = message
+            if kind == _DIED:
+                self._dead_workers.add(worker_id)
+            elif kind == _CRASHED:
+                self._failure = payload
+                self._shutdown_workers()
+                raise RuntimeError(payload)
+
     def _has_result(self, idx: int) -> bool:
         return idx in self._stash
 

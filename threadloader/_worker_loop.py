@@ -249,7 +249,7 @@ class ShortBatch(NamedTuple):
 class _Replica:
     """One worker's IterableDataset iterator and where it stands."""
 
-    __slots__ = ("fetcher", "gen", "ended", "init_error", "collated")
+    __slots__ = ("fetcher", "gen", "ended", "init_error", "collated", "finish_s")
 
     def __init__(self, init_error: ExceptionWrapper | None) -> None:
         self.fetcher: Any = None
@@ -257,6 +257,7 @@ class _Replica:
         self.ended = False
         self.init_error = init_error
         self.collated = 0  # samples in the batch the fetcher collated last
+        self.finish_s = 0.0  # seconds its collate (and pin) took, inside the fetch
 
 
 def _serve_iterable(shared: _Shared, cfg: _Config, worker_id: int, init_error: ExceptionWrapper | None) -> None:
@@ -267,7 +268,7 @@ def _serve_iterable(shared: _Shared, cfg: _Config, worker_id: int, init_error: E
         replica.collated = len(data) if cfg.auto_collation else 1
         t0 = time.perf_counter()
         out = _finish(cfg, data, counters, worker_id)
-        counters.fetch_s -= time.perf_counter() - t0  # counted as collate, not fetch
+        replica.finish_s = time.perf_counter() - t0  # counted as collate, not fetch
         return out  # a failed collate/pin comes back as an ExceptionWrapper: the task's result
 
     while _iterable_step(shared, cfg, worker_id, replica, collate):
@@ -297,7 +298,7 @@ def _iterable_step(shared: _Shared, cfg: _Config, worker_id: int, replica: _Repl
     if replica.ended:
         return True  # DataLoader's exhausted workers ignore further tasks
     t0 = time.perf_counter()
-    replica.collated = 0
+    replica.collated, replica.finish_s = 0, 0.0
     try:
         payload = replica.fetcher.fetch(index)
     except StopIteration:
@@ -306,7 +307,8 @@ def _iterable_step(shared: _Shared, cfg: _Config, worker_id: int, replica: _Repl
         return True
     except Exception:
         payload = ExceptionWrapper(where=_where(worker_id, "IterableDataset"))
-    counters.fetch_s += time.perf_counter() - t0
+    # One update: a snapshot read in between never sees a negative fetch time.
+    counters.fetch_s += time.perf_counter() - t0 - replica.finish_s
     counters.fetched(gen, replica.collated)
     counters.tasks += 1
     if cfg.auto_collation and 0 < replica.collated < len(index):

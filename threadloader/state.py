@@ -215,9 +215,11 @@ class RecordsProgressOnDrop:
 
     progress_box: ProgressBox | None = None
 
-    def __del__(self) -> None:
+    # Bound now: at interpreter exit a module's globals (``sys``) may already
+    # be None when the last iterators are collected.
+    def __del__(self, _is_finalizing: Any = sys.is_finalizing) -> None:
         box = self.progress_box
-        if box is None or sys.is_finalizing():  # no checkpoint is taken after exit; torch may be torn down
+        if box is None or _is_finalizing():  # no checkpoint is taken after exit; torch may be torn down
             return
         try:
             box.record = self.progress()  # type: ignore[attr-defined]
