@@ -35,6 +35,7 @@ from torch.utils.data import DataLoader, RandomSampler
 from torchvision.datasets import ImageFolder
 
 from threadloader import ThreadDataLoader, frame_collate
+from threadloader.bench import default_cache_dir
 from threadloader.datagen import make_imagenet_like
 from threadloader.io import RandomResizedCropLoader, decode_image, random_resized_crop_params
 
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--batches", type=int, default=25, help="timed batches per contender")
     p.add_argument("--size", type=int, default=224)
-    p.add_argument("--data", type=Path, default=Path("~/.cache/threadloader/image-pipeline-benchmark").expanduser(),
+    p.add_argument("--data", type=Path, default=default_cache_dir() / "image-pipeline-benchmark",
                    help="where the generated ImageFolder is cached (its own folder: ImageFolder takes every subfolder as a class)")
     p.add_argument("--images-per-class", type=int, default=100)
     p.add_argument("--quick", action="store_true", help="tiny data and few batches (smoke test)")

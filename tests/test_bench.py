@@ -64,6 +64,7 @@ def fails(argv: list[str], capsys: pytest.CaptureFixture, status: int = 1) -> st
     [
         ("--workers", "0", "positive"),
         ("--workers", "a,b", "1,2,4"),
+        ("--workers", "2,100000", "usable cores"),
         ("--batch-size", "0", "positive integer"),
         ("--batch-size", "-3", "positive integer"),
         ("--batch-size", "x", "positive integer"),
@@ -243,9 +244,12 @@ def test_ctrl_c_keeps_the_rows_measured(tmp_path, small_root, monkeypatch, capsy
         return measure.Measurement(8, 0.01, 0.001, 2, True)
 
     monkeypatch.setattr(measure, "measure", fake_measure)
+    for stale in ("results.txt", "throughput.png"):  # a previous run's
+        (tmp_path / stale).write_text("old")
     with pytest.raises(SystemExit) as exc:
         bench.main(["--smoke", "--root", str(small_root), "--configs", "batch", "--out", str(tmp_path), "--no-progress"])
     assert exc.value.code == 130
+    assert not (tmp_path / "results.txt").exists() and not (tmp_path / "throughput.png").exists()
     with (tmp_path / "results.csv").open() as f:
         kept = list(csv.DictReader(f))
     assert [r["loader"] for r in kept] == ["DataLoader", "DataLoader + kernel"]
@@ -302,6 +306,17 @@ def test_python_time_per_image(small_root) -> None:
     assert only_small is not None and "data_python_us" not in only_small
     assert "this run's JPEGs" not in report.format_python_time(only_small)
     assert report.format_python_time(None) == "Python time per image: not measured"
+
+
+def test_python_time_within_the_noise_is_not_printed_as_a_figure() -> None:
+    pt = {"path_us": 90.0, "native_us": 95.0, "python_us": -5.0, "images": 256.0,
+          "data_path_us": 3000.0, "data_native_us": 3010.0, "data_python_us": -10.0, "data_images": 64.0,
+          "data_native_spread_us": 40.0}
+    text = report.format_python_time(pt)
+    assert "-5.0 us" not in text and "-10.0 us" not in text and text.count("not resolved") == 2
+    pt.update(python_us=20.0, data_path_us=3100.0, data_python_us=90.0)
+    text = report.format_python_time(pt)
+    assert "= 20.0 us" in text and "= 90.0 us" in text and "not resolved" not in text
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="usage is read from Linux /proc")
@@ -605,3 +620,81 @@ def test_runs_skip_the_in_flight_depth_and_cycle_small_folders(small_root) -> No
     assert list(pipelines.Cycle(3, 7)) == [0, 1, 2, 0, 1, 2, 0] and len(pipelines.Cycle(3, 7)) == 7
     with pytest.raises(ValueError):
         pipelines.Cycle(0, 1)
+
+
+def test_the_clock_starts_before_usage_is_read(monkeypatch) -> None:
+    # Reading /proc takes time (30 ms with a thousand processes); the workers
+    # keep producing meanwhile, so that time is the timed part's, or what they
+    # made in it is consumed for free and the rate is inflated.
+    from threadloader.bench.usage import Usage
+
+    now = [0.0]
+
+    def slow_usage():
+        now[0] += 10.0
+        return Usage(0.0, 0)
+
+    monkeypatch.setattr(measure.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(measure, "usage", slow_usage)
+    m = measure.measure([torch.zeros(4, 3, 2, 2) for _ in range(3)], warmup=1)
+    assert m.seconds >= 10.0 and m.img_per_s <= 8 / 10.0
+
+
+def test_cores_need_a_window_the_cpu_time_resolves() -> None:
+    import dataclasses
+
+    # Read in 10 ms clock ticks, a 0.1 s window cannot tell 0.9 cores from 1.1.
+    coarse = measure.Measurement(10, 0.1, 0.0, 3, True, cpu_s=0.09, page_faults=0, cpu_resolution_s=0.01)
+    assert coarse.cores is None and measure.make_row("c", 1, "x", coarse)["cores"] is None
+    assert dataclasses.replace(coarse, seconds=1.0).cores == pytest.approx(0.09)
+    assert dataclasses.replace(coarse, cpu_resolution_s=0.0).cores == pytest.approx(0.9)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process CPU clocks are Linux's")
+def test_usage_reads_each_process_cpu_clock() -> None:
+    from threadloader.bench.usage import usage
+
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        assert usage().resolution_s == 0.0  # no clock-tick rounding, for this process or its child
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_kernel_bound_counts_the_span_not_each_processs_own_rate() -> None:
+    from threadloader.bench import kernel_bound
+
+    # Two processes that could not run at once (one usable core): 8 images each, one after the other.
+    assert kernel_bound._round_rate([(8, 0.0, 1.0), (8, 1.0, 2.0)]) == (pytest.approx(8.0), 16)
+    assert kernel_bound._round_rate([(8, 0.0, 1.0), (8, 0.0, 1.0)]) == (pytest.approx(16.0), 16)
+
+
+def test_bench_cores_are_the_usable_ones(monkeypatch) -> None:
+    from threadloader.bench import usage as bench_usage
+
+    monkeypatch.setattr(bench_usage, "usable_cpus", lambda: [0])
+    assert bench_usage.usable_cores() == 1
+    monkeypatch.setattr(cli, "usable_cores", lambda: 1)
+    assert cli.bench_workers() == [1, 2]
+    with pytest.raises(argparse.ArgumentTypeError, match="at most 16"):
+        cli.parse_workers("17")
+
+
+def test_a_class_folder_without_usable_images_is_one_line(capsys, tmp_path, small_root) -> None:
+    root = copy_root(small_root, tmp_path / "root")
+    (root / "zz_empty").mkdir()
+    (root / "zz_empty" / "README").write_text("no images here")
+    line = fails(["--smoke", "--root", str(root), "--out", str(tmp_path / "out")], capsys)
+    assert "class folder 'zz_empty' holds no usable image" in line
+
+
+def test_rows_of_threads_in_processes_name_the_processes_that_ran(small_root) -> None:
+    require_torchvision()
+    if not pipelines.supports_worker_processes():
+        pytest.skip("no worker_processes")
+    rows = measure.run_comparison(
+        small_root, configs=["batch"], workers=[1], batch_size=4, max_batches=1, warmup_batches=0,
+        size=16, loaders=[pipelines.THREADS_IN_PROCESSES], progress=False, worker_processes=8,
+    )
+    assert rows[0]["note"] == "P=1"  # asked for 8; one worker runs in one process

@@ -32,6 +32,7 @@ from threadloader.bench.data import (
 from threadloader.bench.kernel_bound import kernel_bound_rate, kernel_bound_rows
 from threadloader.bench.measure import error_line, run_comparison
 from threadloader.bench.python_time import python_time_per_image
+from threadloader.bench.usage import usable_cores
 from threadloader.bench.pipelines import (
     ALL_LOADERS,
     BASELINE,
@@ -112,11 +113,16 @@ def image_side(text: str) -> int:
     return value
 
 
+#: The most workers per usable core ``--workers`` accepts (the main job goes to 2).
+MAX_WORKERS_PER_CORE = 16
+
+
 def parse_workers(text: str) -> list[int]:
     """Parse ``"1,2,4"`` into ``[1, 2, 4]`` (sorted, duplicates dropped).
 
     Raises:
-        argparse.ArgumentTypeError: on anything but positive integers.
+        argparse.ArgumentTypeError: on anything but positive integers, or more than
+            :data:`MAX_WORKERS_PER_CORE` per usable core.
     """
     try:
         values = [int(part) for part in text.split(",") if part.strip()]
@@ -124,6 +130,13 @@ def parse_workers(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"workers must look like 1,2,4; got {text!r}") from exc
     if not values or any(v < 1 for v in values):
         raise argparse.ArgumentTypeError(f"workers must be positive integers; got {text!r}")
+    cap = MAX_WORKERS_PER_CORE * usable_cores()
+    if max(values) > cap:
+        # Each DataLoader worker is a process of a few hundred MB: far past
+        # the cores, a typo would run the machine out of memory.
+        raise argparse.ArgumentTypeError(
+            f"workers must be at most {cap} ({MAX_WORKERS_PER_CORE} x the {usable_cores()} usable cores); got {text!r}"
+        )
     return sorted(set(values))
 
 
@@ -153,7 +166,7 @@ def parse_device(text: str) -> str:
 
 def default_workers(cap: int | None = None) -> list[int]:
     """1, 2, 4, 8, 16 capped at the number of cores (always including the cap); the examples' default."""
-    cores = cap or os.cpu_count() or 1
+    cores = cap or usable_cores()
     values = [w for w in (1, 2, 4, 8, 16) if w <= cores]
     if cores <= 16 and cores not in values:
         values.append(cores)
@@ -166,7 +179,7 @@ def bench_workers(cores: int | None = None) -> list[int]:
     Past the core count, threads show whether they still gain (I/O waits) and
     processes what oversubscription costs them.
     """
-    cores = cores or os.cpu_count() or 1
+    cores = cores or usable_cores()
     values = {1 << k for k in range((2 * cores).bit_length()) if 1 << k <= 2 * cores}
     return sorted(values | {cores, 2 * cores})
 
@@ -310,6 +323,18 @@ def _skip_bad(files: list[Path], progress: bool) -> tuple[list[Path], AllowedFil
     return good, AllowedFiles(good)
 
 
+def _check_classes(root: Path, files: list[Path]) -> None:
+    """Every class folder keeps a usable image: ImageFolder refuses a class without one."""
+    used = {f.relative_to(root).parts[0] for f in files}
+    empty = [p.name for p in sorted(root.iterdir()) if p.is_dir() and p.name not in used]
+    if empty:
+        more = f" (and {len(empty) - 1} more)" if len(empty) > 1 else ""
+        raise BenchError(
+            f"{str(root)!r}: class folder {empty[0]!r}{more} holds no usable image; ImageFolder needs at least one "
+            f"per class: add images or remove the folder"
+        )
+
+
 def _check_enough(root: Path, images: int, s: dict[str, Any]) -> None:
     need = (s["warmup"] + 1) * s["batch_size"]
     if images < need:
@@ -348,7 +373,9 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
 
     The log goes to ``bench.log`` only when the run completes; a failed or
     interrupted run leaves ``bench-failed.log`` and the previous ``bench.log``
-    untouched. Rows reach ``results.csv`` as they are measured.
+    untouched. Rows reach ``results.csv`` as they are measured; the previous
+    run's ``results.txt`` and ``throughput.png`` are removed when measuring
+    starts, so a failed run never leaves them beside its own rows.
 
     Returns:
         The result rows (see :func:`threadloader.bench.measure.run_comparison`),
@@ -371,7 +398,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     try:
         log.info(
             "threadloader bench: mode=%s python=%s torch=%s cpus=%s cuda=%s platform=%s argv=%s",
-            s["mode"], platform.python_version(), torch.__version__, os.cpu_count(),
+            s["mode"], platform.python_version(), torch.__version__, f"{usable_cores()} usable of {os.cpu_count()}",
             torch.cuda.is_available(), platform.platform(), vars(args),
         )
         t0 = time.perf_counter()
@@ -379,6 +406,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         allowed = None
         if args.skip_bad_files:
             files, allowed = _skip_bad(files, not args.no_progress)
+        _check_classes(root, files)
         _check_enough(root, len(files), s)
         import_torchvision_or_fail()
         log.info("data root %s (%d images) ready in %.1f s; settings %s", root, len(files), time.perf_counter() - t0, s)
@@ -386,7 +414,11 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         if THREADS_IN_PROCESSES not in loaders:
             log.info("ThreadDataLoader has no worker_processes here: no '%s' rows", THREADS_IN_PROCESSES)
         print(f"data: {root} ({len(files)} images); batch {s['batch_size']}, {s['size']}x{s['size']}, "
-              f"workers {','.join(map(str, s['workers']))}, {os.cpu_count()} cores", flush=True)
+              f"workers {','.join(map(str, s['workers']))}, {usable_cores()} cores", flush=True)
+        # A new results.csv starts here: the old run's table and plot would
+        # sit beside it as if they were this run's, should it fail.
+        for stale in ("results.txt", "throughput.png"):
+            (out / stale).unlink(missing_ok=True)
         csv_rows = CsvRows(out / "results.csv")
         rows: list[dict[str, Any]] = []
         with warnings.catch_warnings():
@@ -410,7 +442,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 if rows:
                     print(format_table(rows, COLUMNS))
                 raise
-        cores = os.cpu_count() or 1
+        cores = usable_cores()
         rates, errors = _kernel_bounds(files, s, cores)
         baselines = {(r["config"], r["workers"]): r["img/s"] for r in rows if r["loader"] == BASELINE}
         for row in kernel_bound_rows(s["configs"], s["workers"], rates, cores, baselines=baselines, errors=errors):

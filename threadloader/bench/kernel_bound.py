@@ -22,6 +22,7 @@ import torch.multiprocessing
 from threadloader.bench.data import BenchError
 from threadloader.bench.measure import error_line, make_row
 from threadloader.bench.pipelines import CONFIGS, KERNEL_BOUND
+from threadloader.bench.usage import usable_cores
 
 __all__ = ["kernel_bound_rate", "kernel_bound_rows"]
 
@@ -38,7 +39,7 @@ def _kernel_bound_child(
 ) -> None:
     """One process of :func:`kernel_bound_rate`: warm up, then per round wait for the others and run the kernel.
 
-    Reports exactly one ``(rank, [(images, seconds) per round], error)`` on
+    Reports exactly one ``(rank, [(images, start, end) per round], error)`` on
     ``results``; ``error`` is None, a one-line description of what failed, or
     ``_BARRIER_BROKEN``. A failing child reports before it breaks the barrier,
     so that the parent hears the cause before the others' echoes.
@@ -63,14 +64,15 @@ def _kernel_bound_child(
             results.put((rank, [], _BARRIER_BROKEN))
             return
         try:
-            done, start = 0, time.perf_counter()
-            while (done == 0 or time.perf_counter() - start < seconds) and (max_images is None or done < max_images):
+            # The machine-wide monotonic clock: the parent compares the processes' times.
+            done, start = 0, _now()
+            while (done == 0 or _now() - start < seconds) and (max_images is None or done < max_images):
                 if os.getppid() != parent_pid:
                     return  # the parent is gone: nobody reads the result, and no orphan keeps running
                 kernel(files[(offset + n) % len(files)])
                 n += 1
                 done += 1
-            timed.append((done, time.perf_counter() - start))
+            timed.append((done, start, _now()))
         except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises it as one line
             results.put((rank, [], error_line(exc)))
             barrier.abort()
@@ -88,17 +90,19 @@ def kernel_bound_rate(
     max_images: int | None = None,
     start_timeout: float = 120.0,
 ) -> tuple[float, int]:
-    """The frame kernel alone in ``processes`` independent processes at once: their summed rate.
+    """The frame kernel alone in ``processes`` independent processes at once: their joint rate.
 
     Each process (spawned, so it inherits no thread or OpenMP state) sets
     torch to one thread, builds ``FrameLoader((size, size), eager=True)``,
     warms up on one file, then, ``rounds`` times, waits until all are ready
     and decodes and resizes ``files`` (cycled, each from a different offset)
-    for ``seconds`` (at least one image, at most ``max_images``). In a round
-    all ran concurrently for the same time, so the sum of the per-process
-    rates is what the hardware gives ``processes`` workers running nothing but
-    the kernel, memory-bandwidth and cache contention included. The best
-    round counts: other work on the machine slows a round, never speeds it up.
+    for ``seconds`` (at least one image, at most ``max_images``). A round's
+    rate is all the images its processes decoded over the time from the first
+    start to the last end: what the hardware gives ``processes`` workers
+    running nothing but the kernel, memory-bandwidth and cache contention
+    included (and no more than the cores allow: processes that could not run
+    at once do not add up). The best round counts: other work on the machine
+    slows a round, never speeds it up.
 
     Args:
         files: image files.
@@ -111,7 +115,7 @@ def kernel_bound_rate(
             for each round's start).
 
     Returns:
-        ``(img/s summed over the processes, images they timed in that round)``.
+        ``(img/s of the processes together, images they timed)`` of the best round.
 
     Raises:
         ValueError: ``processes`` or ``rounds`` below 1, or no files.
@@ -176,11 +180,24 @@ def kernel_bound_rate(
                     p.join()
         results.close()
         results.join_thread()
-    per_round = [
-        (sum(t[i][0] / t[i][1] for t in done.values() if t[i][1] > 0), sum(t[i][0] for t in done.values()))
-        for i in range(rounds)
-    ]
-    return max(per_round)
+    return max(_round_rate([t[i] for t in done.values()]) for i in range(rounds))
+
+
+def _now() -> float:
+    """CLOCK_MONOTONIC: one clock for every process on the machine."""
+    return time.clock_gettime(time.CLOCK_MONOTONIC)
+
+
+def _round_rate(timed: list[tuple[int, float, float]]) -> tuple[float, int]:
+    """``(img/s, images)`` of one round: every process's images over the span from the first start to the last end.
+
+    Not the sum of each process's own rate: processes that did not overlap
+    (short runs, fewer cores than processes) would add up to more than the
+    machine did.
+    """
+    images = sum(done for done, _, _ in timed)
+    span = max(end for _, _, end in timed) - min(start for _, start, _ in timed)
+    return (images / span if span > 0 else 0.0), images
 
 
 def kernel_bound_rows(
@@ -196,7 +213,7 @@ def kernel_bound_rows(
         rates: k -> ``(img/s, images timed)`` from :func:`kernel_bound_rate`
             with k processes; one measurement serves every worker count with
             the same k.
-        cores: the core count (default ``os.cpu_count()``).
+        cores: the core count (default: the cores this process may use).
         baselines: (config label, workers) -> DataLoader's img/s, for ``ratio``.
         errors: k -> why the measurement with k processes failed; such rows
             get no rate and say why in ``note``.
@@ -205,7 +222,7 @@ def kernel_bound_rows(
         One row per config and worker count (``images``: the images the
         measurement timed, all processes together, in its best round).
     """
-    cores = cores or os.cpu_count() or 1
+    cores = cores or usable_cores()
     rows = []
     for config in configs:
         for w in workers:

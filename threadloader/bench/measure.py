@@ -14,7 +14,9 @@ from typing import Any
 
 import torch
 
-from threadloader.bench.pipelines import BASELINE, CONFIGS, LOADERS, build_loader
+from threadloader.bench.pipelines import (
+    BASELINE, CONFIGS, LOADERS, THREADS_IN_PROCESSES, build_loader, worker_processes_for,
+)
 from threadloader.bench.usage import usage
 
 __all__ = [
@@ -50,11 +52,19 @@ class Measurement:
     #: where /proc cannot tell.
     cpu_s: float | None = None
     page_faults: int | None = None
+    #: The most ``cpu_s`` may be off by (clock ticks where a process's CPU
+    #: clock could not be read; see :class:`.usage.Usage`).
+    cpu_resolution_s: float = 0.0
 
     @property
     def cores(self) -> float | None:
-        """CPU cores kept busy on average during the timed part."""
-        if self.cpu_s is None or self.seconds <= 0:
+        """CPU cores kept busy on average during the timed part; None when the CPU time cannot resolve it.
+
+        A window shorter than 20 times the CPU time's resolution (0.05 cores)
+        has no figure: read in clock ticks, a 20 ms window showed 9 cores on
+        a 2-core machine.
+        """
+        if self.cpu_s is None or self.seconds <= 0 or self.cpu_resolution_s > 0.05 * self.seconds:
             return None
         return self.cpu_s / self.seconds
 
@@ -118,8 +128,11 @@ def measure(
                 first = time.perf_counter() - start
             if items == warmup:
                 _sync()
-                used_start = usage()
+                # The clock starts first: whatever the workers make while
+                # /proc is read is the timed part's (read after the clock,
+                # it would be produced off the clock and consumed for free).
                 warm_start = time.perf_counter()
+                used_start = usage()
             elif items > warmup:
                 warm_images += n
             if max_items is not None and items >= max_items:
@@ -137,7 +150,8 @@ def measure(
     seconds = end - warm_start if warm_start is not None else 0.0
     used = used_end - used_start if used_start is not None and used_end is not None else None
     return Measurement(warm_images, seconds, first or 0.0, timed, timed >= max(min_timed, 1),
-                       used.cpu_s if used else None, used.faults if used else None)
+                       used.cpu_s if used else None, used.faults if used else None,
+                       used.resolution_s if used else 0.0)
 
 
 def make_row(
@@ -151,8 +165,9 @@ def make_row(
     """
     rate = img_per_s if img_per_s is not None else (m.img_per_s if m is not None else float("nan"))
     rate_or_none = None if rate != rate else round(rate, 1)  # NaN: no rate
-    if m is not None and not m.complete and not note:
-        note = f"too short: {m.timed_items} items timed after warm-up, under one batch"
+    if m is not None and not m.complete:
+        short = f"too short: {m.timed_items} items timed after warm-up, under one batch"
+        note = f"{note}; {short}" if note else short
     return {
         "config": config,
         "workers": workers,
@@ -241,7 +256,9 @@ def run_comparison(
                     num_samples=items * (batch_size if config != "resize" else 1),
                 )
                 m = measure(loader, max_items=items, warmup=warm, min_timed=per)
-                row = make_row(CONFIGS[config], w, name, m, baseline=baseline.get((config, w)))
+                # The P that ran (at most one process per worker), whatever was asked.
+                note = f"P={worker_processes_for(w, worker_processes)}" if name == THREADS_IN_PROCESSES else ""
+                row = make_row(CONFIGS[config], w, name, m, baseline=baseline.get((config, w)), note=note)
             except Exception as exc:  # noqa: BLE001 - handed to on_error, which decides
                 if on_error is None:
                     raise

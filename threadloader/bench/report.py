@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from threadloader.bench.pipelines import BASELINE, KERNEL_BOUND
+from threadloader.bench.usage import usable_cores
 
 __all__ = [
     "COLUMNS",
@@ -159,7 +160,7 @@ def run_metadata(*, batch_size: int, size: int, device: str = "cpu") -> dict[str
     return {
         "batch_size": batch_size,
         "size": size,
-        "cores": os.cpu_count() or 1,
+        "cores": usable_cores(),
         "device": gpu or "no GPU",
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -192,16 +193,19 @@ def format_python_time(pt: dict[str, float] | None) -> str:
         return "Python time per image: not measured"
     lines = []
     if "python_us" in pt:
+        python = f"{pt['python_us']:.1f} us" if pt["python_us"] >= 0 else "not resolved (below zero: noise)"
         lines.append(
             f"Python time per image (frame path, 1 thread, {pt['images']:.0f} small JPEGs): "
             f"{pt['path_us']:.1f} us through ThreadDataLoader - {pt['native_us']:.1f} us of its native calls "
-            f"(file read, simplejpeg decode, torch resize into the batch) = {pt['python_us']:.1f} us"
+            f"(file read, simplejpeg decode, torch resize into the batch) = {python}"
         )
     if "data_python_us" in pt:
+        spread = pt["data_native_spread_us"]
+        # A difference the native time's own spread covers says nothing (it can even be negative).
+        python = f"{pt['data_python_us']:.1f} us" if pt["data_python_us"] > spread else "not resolved"
         lines.append(
             f"  the same on this run's JPEGs ({pt['data_images']:.0f}): {pt['data_path_us']:.1f} - "
-            f"{pt['data_native_us']:.1f} = {pt['data_python_us']:.1f} us (the native time varied by "
-            f"{pt['data_native_spread_us']:.1f} us between rounds)"
+            f"{pt['data_native_us']:.1f} = {python} (the native time varied by {spread:.1f} us between rounds)"
         )
     return "\n".join(lines)
 

@@ -16,23 +16,53 @@ ended are not counted (the loaders' workers live as long as the timed part).
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 
-__all__ = ["Usage", "usage"]
+from ..stats import usable_cpus
+
+__all__ = ["Usage", "usage", "usable_cores"]
 
 
 @dataclass(frozen=True)
 class Usage:
-    """CPU seconds (user + system) and page faults (minor + major) so far."""
+    """CPU seconds (user + system) and page faults (minor + major) so far.
+
+    ``resolution_s`` bounds the error of ``cpu_s``: about zero where each
+    process's CPU clock could be read, one clock tick (usually 10 ms) per
+    process where only ``/proc`` ticks were; a difference of two readings
+    is off by at most the larger of theirs.
+    """
 
     cpu_s: float
     faults: int
+    resolution_s: float = 0.0
 
     def __add__(self, other: "Usage") -> "Usage":
-        return Usage(self.cpu_s + other.cpu_s, self.faults + other.faults)
+        return Usage(self.cpu_s + other.cpu_s, self.faults + other.faults, self.resolution_s + other.resolution_s)
 
     def __sub__(self, other: "Usage") -> "Usage":
-        return Usage(self.cpu_s - other.cpu_s, self.faults - other.faults)
+        return Usage(self.cpu_s - other.cpu_s, self.faults - other.faults,
+                     max(self.resolution_s, other.resolution_s))
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity: taskset, containers, SLURM)."""
+    cpus = usable_cpus()
+    return len(cpus) if cpus else os.cpu_count() or 1
+
+
+def _process_clock(pid: int) -> int:
+    """Linux's clock id of a process's CPU clock: ``MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED)``."""
+    return (~pid << 3) | 2
+
+
+def _cpu_clock_s(pid: int) -> float | None:
+    """CPU seconds of process ``pid``, all its threads (ended ones too), at ns resolution; None if unreadable."""
+    try:
+        return time.clock_gettime(_process_clock(pid))
+    except (OSError, OverflowError, AttributeError, ValueError):
+        return None
 
 
 def _stat_fields(pid: int | str) -> list[bytes]:
@@ -43,8 +73,12 @@ def _stat_fields(pid: int | str) -> list[bytes]:
         return f.read().rsplit(b")", 1)[1].split()
 
 
-def _usage_of(fields: list[bytes], tick_s: float) -> Usage:
-    return Usage((int(fields[11]) + int(fields[12])) * tick_s, int(fields[7]) + int(fields[9]))
+def _usage_of(pid: int, fields: list[bytes], tick_s: float) -> Usage:
+    faults = int(fields[7]) + int(fields[9])
+    cpu = _cpu_clock_s(pid)
+    if cpu is not None:
+        return Usage(cpu, faults)
+    return Usage((int(fields[11]) + int(fields[12])) * tick_s, faults, tick_s)
 
 
 def _processes() -> dict[int, list[bytes]]:
@@ -78,19 +112,20 @@ def _descendants(pid: int, table: dict[int, list[bytes]]) -> list[int]:
 def usage() -> Usage | None:
     """CPU time and page faults so far of this process and its live descendants, or None.
 
-    Linux only (``/proc``); None elsewhere or when unreadable. CPU time has
-    the kernel's clock-tick resolution (usually 10 ms): read it over runs of
-    a second or more.
+    Linux only (``/proc``); None elsewhere or when unreadable. CPU time is
+    read from each process's CPU clock (nanoseconds); where that fails, from
+    ``/proc`` in clock ticks (usually 10 ms), which ``resolution_s`` says.
     """
     try:
         tick_s = 1.0 / os.sysconf("SC_CLK_TCK")
         table = _processes()
-        total = _usage_of(table[os.getpid()], tick_s)
+        me = os.getpid()
+        total = _usage_of(me, table[me], tick_s)
     except (OSError, KeyError, IndexError, ValueError, AttributeError):
         return None
-    for pid in _descendants(os.getpid(), table):
+    for pid in _descendants(me, table):
         try:
-            total = total + _usage_of(table[pid], tick_s)
+            total = total + _usage_of(pid, table[pid], tick_s)
         except (IndexError, ValueError):
             pass
     return total
