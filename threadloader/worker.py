@@ -117,8 +117,9 @@ def _own_generator(value: Any) -> Any:
     """A copy of ``value`` in its current state when it is a random generator, else ``value``.
 
     The process-wide generators (``torch.default_generator``, ``random``'s and
-    NumPy's singletons) are left as they are: the routing sends worker
-    threads' draws from them to the worker's own.
+    NumPy's legacy singletons) are left as they are: they belong to the
+    process, not to the dataset, and a worker process would not have a copy
+    of the parent's either.
     """
     if isinstance(value, torch.Generator):
         if value is torch.default_generator or value.device.type != "cpu":
