@@ -8,7 +8,7 @@ Runs, on one generated ImageFolder (see threadloader.datagen), in one process:
    PIL's per-image Python holds the GIL)
 3. ThreadDataLoader + decode_image(size=(S, S)) + frame_collate
 4. DataLoader (processes) + decode_image + frame_collate (same kernel as 3)
-5. kernel bound: workers x single-thread decode+resize rate, measured here
+5. kernel bound: min(workers, usable cores) x single-thread decode+resize rate, measured here
 6. RandomResizedCrop, single thread: torchvision (PIL decode + crop +
    resize), full decode_image + crop + resize, and RandomResizedCropLoader
    (crop chosen from the header, only the crop decoded, DCT-scaled when the
@@ -36,6 +36,7 @@ from torchvision.datasets import ImageFolder
 
 from threadloader import ThreadDataLoader, frame_collate
 from threadloader.bench import default_cache_dir
+from threadloader.bench.usage import usable_cores
 from threadloader.datagen import make_imagenet_like
 from threadloader.io import RandomResizedCropLoader, decode_image, random_resized_crop_params
 
@@ -141,7 +142,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         full = _kernel_rate(paths, functools.partial(_full_decode_rrc, size=s), secs)
     finally:
         torch.set_num_threads(prev)
-    add("5", f"kernel bound: {nw} x single-thread decode_image(size) ({one:.0f}/s)", nw * one)
+    # No more at once than the cores this process may use: past them, workers take turns.
+    k = min(nw, usable_cores())
+    add("5", f"kernel bound: {k} x single-thread decode_image(size) ({one:.0f}/s)", k * one)
     add("6a", "RandomResizedCrop, torchvision on PIL (1 thread)", tv)
     add("6b", "full decode_image + crop + resize (1 thread)", full)
     add("6c", "RandomResizedCropLoader, crop-aware decode (1 thread)", ours)
