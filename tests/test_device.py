@@ -145,6 +145,36 @@ def test_containers_keep_their_type_as_in_torchs_pin_memory() -> None:
     assert type(batches[1]["image"]) is torch.Tensor and batches[1]["image"].dtype == torch.uint8  # input kept
 
 
+class _Store(collections.abc.MutableMapping):
+    """A mapping that keeps its items in an attribute: a shallow copy would share them."""
+
+    def __init__(self, items=(), **kw) -> None:
+        self._store = dict(items, **kw)
+
+    def __getitem__(self, k):
+        return self._store[k]
+
+    def __setitem__(self, k, v) -> None:
+        self._store[k] = v
+
+    def __delitem__(self, k) -> None:
+        del self._store[k]
+
+    def __iter__(self):
+        return iter(self._store)
+
+    def __len__(self) -> int:
+        return len(self._store)
+
+
+def test_the_loaders_batch_is_never_changed() -> None:
+    x = _images()
+    batch = _Store(image=x)
+    (out,) = list(to_device([batch], "cpu", normalize=(MEAN, STD)))
+    assert batch["image"] is x  # the loader's batch (a dataset's sample with batch_size=None) is left alone
+    assert type(out) is _Store and out["image"].dtype == torch.float32
+
+
 def test_paired_images_share_flips() -> None:
     x = _images(n=8)
     (a, b) = next(iter(to_device([(x, x.clone())], "cpu", mirror=0.5, dtype=None)))

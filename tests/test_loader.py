@@ -14,7 +14,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset, SequentialSampler
+from torch.utils.data import ConcatDataset, DataLoader, Dataset, IterableDataset, SequentialSampler, Subset
 
 import threadloader
 from threadloader import ThreadDataLoader
@@ -307,6 +307,57 @@ def test_generators_a_dataset_holds_are_each_workers_own(worker_processes):
         ours = [to_list(b) for b in ThreadDataLoader(ds, batch_size=2, num_workers=2, worker_processes=worker_processes)]
         assert ours == oracle
     assert ds.np_rng.random() == np.random.default_rng(0).random()  # the loader's dataset keeps its own
+
+
+@pytest.mark.parametrize("wrap", ["Subset", "ConcatDataset"])
+def test_generators_of_a_wrapped_dataset_are_each_workers_own(wrap):
+    # random_split gives a Subset: the generators are the inner dataset's.
+    inner = _OwnGenerators()
+    ds = Subset(inner, range(16)) if wrap == "Subset" else ConcatDataset([inner, inner])
+    oracle = [to_list(b) for b in DataLoader(ds, batch_size=2, num_workers=2)]
+    for _ in range(2):
+        assert [to_list(b) for b in ThreadDataLoader(ds, batch_size=2, num_workers=2)] == oracle
+
+
+class _Seeded(random.Random):
+    """A generator subclass whose constructor needs arguments (deepcopy cannot rebuild it)."""
+
+    def __init__(self, seed, name):
+        super().__init__(seed)
+        self.name = name
+
+
+class _OddGenerators(Dataset):
+    def __init__(self):
+        self.seeded = _Seeded(5, "aug")
+        self.alias = self.seeded  # one generator under two names
+        self.system = random.SystemRandom()  # no state to copy
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        time.sleep(0.001 * (i % 3))
+        assert self.alias is self.seeded and self.seeded.name == "aug"
+        self.system.random()
+        return i, self.seeded.random()
+
+
+def test_generators_that_deepcopy_cannot_copy_neither_kill_the_workers_nor_split():
+    ds = _OddGenerators()
+    oracle = [to_list(b) for b in DataLoader(ds, batch_size=2, num_workers=2)]
+    assert [to_list(b) for b in ThreadDataLoader(ds, batch_size=2, num_workers=2)] == oracle
+
+
+def test_a_dataset_whose_copy_is_itself_keeps_its_generators():
+    class CopiesToItself(_OwnGenerators):
+        def __copy__(self):
+            return self
+
+    ds = CopiesToItself()
+    rng = ds.np_rng
+    assert len(list(ThreadDataLoader(ds, batch_size=2, num_workers=2))) == 8
+    assert ds.np_rng is rng  # the user's object: nothing written into it
 
 def test_each_worker_has_its_own_shallow_copy_of_the_dataset():
     # As with worker processes: attributes a worker sets stay its own (the

@@ -267,3 +267,21 @@ def test_iterable_fetch_time_is_never_negative_in_a_snapshot(monkeypatch):
     snap = loader.stats().snapshot()
     assert len(list(it)) == 2
     assert snap["fetch_s"] >= 0 and snap["worker_utilization"] >= 0
+
+
+def test_a_worker_starting_an_epoch_never_shows_the_old_count_under_it():
+    # Read without a lock while the worker writes: every state a reader can
+    # see between the writes must be a true one.
+    seen = []
+
+    class Watched(stats.WorkerCounters):
+        def __setattr__(self, name, value):
+            super().__setattr__(name, value)
+            if name in ("epoch", "epoch_items"):
+                seen.append((getattr(self, "epoch", None), getattr(self, "epoch_items", None)))
+
+    counters = Watched()
+    counters.fetched(0, 32)
+    seen.clear()
+    counters.fetched(1, 4)
+    assert (1, 32) not in seen and seen[-1] == (1, 4)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import collections
 import copy
 import math
-from collections.abc import Iterable, Iterator, Mapping, MutableMapping, MutableSequence, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -219,10 +219,11 @@ def _is_image(t: Any) -> bool:
 def _map_structure(obj: Any, fn: Any) -> Any:
     """Apply ``fn`` to every tensor leaf; containers are rebuilt as torch's ``pin_memory`` rebuilds them.
 
-    A mutable mapping or sequence is copied and updated (its type and extra
-    attributes kept: a ``defaultdict`` stays one), an immutable one is built
-    from the mapped items, and a type that allows neither becomes a dict or
-    list. ``obj`` itself is never changed.
+    A ``dict`` or ``list`` subclass is copied and updated (its type and extra
+    attributes kept: a ``defaultdict`` stays one); any other mapping or
+    sequence is built from the mapped items (its shallow copy could share
+    its storage with ``obj``), and a type that does not allow that becomes a
+    dict or list. ``obj`` itself is never changed.
     """
     if isinstance(obj, torch.Tensor):
         return fn(obj)
@@ -231,7 +232,7 @@ def _map_structure(obj: Any, fn: Any) -> Any:
     if isinstance(obj, Mapping):
         items = {k: _map_structure(v, fn) for k, v in obj.items()}
         try:
-            if isinstance(obj, MutableMapping):
+            if isinstance(obj, dict):
                 clone = copy.copy(obj)
                 clone.update(items)
                 return clone
@@ -246,7 +247,7 @@ def _map_structure(obj: Any, fn: Any) -> Any:
     if isinstance(obj, Sequence):
         mapped = [_map_structure(v, fn) for v in obj]
         try:
-            if isinstance(obj, MutableSequence):
+            if isinstance(obj, list):
                 clone = copy.copy(obj)
                 for i, v in enumerate(mapped):
                     clone[i] = v

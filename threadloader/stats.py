@@ -137,7 +137,10 @@ class WorkerCounters:
         never go back.
         """
         if generation != self.epoch:
-            self.epoch, self.epoch_items = generation, 0
+            # Count reset first: a reader in between never sees the old
+            # epoch's count under the new epoch.
+            self.epoch_items = 0
+            self.epoch = generation
         self.epoch_items += items
 
 

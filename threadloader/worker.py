@@ -90,7 +90,10 @@ def worker_dataset(dataset: Any) -> Any:
     Random generators the dataset holds as attributes (``random.Random``,
     NumPy ``Generator``/``RandomState``, ``torch.Generator``) are copied too:
     each worker process draws from its own copy of them, so the draws do not
-    depend on how the workers interleave.
+    depend on how the workers interleave. The datasets inside torch's
+    wrappers (``Subset``, what ``random_split`` returns; ``ConcatDataset``;
+    ``ChainDataset``) get the same treatment. A generator held twice stays
+    one object; one that cannot be copied stays shared.
 
     Args:
         dataset: the loader's dataset.
@@ -98,40 +101,92 @@ def worker_dataset(dataset: Any) -> Any:
     Returns:
         The copy, or ``dataset`` itself when copying fails.
     """
+    return _replicate(dataset, {}, depth=0)
+
+
+#: How deep wrappers of wrappers are followed (a guard against cycles).
+_MAX_WRAPPER_DEPTH = 8
+
+
+def _replicate(dataset: Any, memo: dict[int, Any], depth: int) -> Any:
     try:
         replica = copy.copy(dataset)
     except Exception:  # noqa: BLE001 - an uncopyable dataset is shared, as before
+        return dataset
+    if replica is dataset:  # a __copy__ that returns self: never write into the user's object
         return dataset
     try:
         attrs = vars(replica)
     except TypeError:  # __slots__: nothing of its own to give each worker
         return replica
     for name, value in list(attrs.items()):
-        own = _own_generator(value)
+        own = _own_generator(value, memo)
+        if own is value and depth < _MAX_WRAPPER_DEPTH:
+            own = _inner_datasets(replica, name, value, memo, depth)
         if own is not value:
             attrs[name] = own
     return replica
 
 
-def _own_generator(value: Any) -> Any:
+def _inner_datasets(wrapper: Any, name: str, value: Any, memo: dict[int, Any], depth: int) -> Any:
+    """The worker's replicas of the datasets a torch wrapper holds in attribute ``name``, or ``value``."""
+    from torch.utils.data import ChainDataset, ConcatDataset, Dataset, IterableDataset, Subset
+
+    if isinstance(wrapper, Subset) and name == "dataset" and isinstance(value, (Dataset, IterableDataset)):
+        return _replica_of(value, memo, depth)
+    if isinstance(wrapper, (ConcatDataset, ChainDataset)) and name == "datasets" and isinstance(value, (list, tuple)):
+        return type(value)(_replica_of(d, memo, depth) for d in value)
+    return value
+
+
+def _replica_of(dataset: Any, memo: dict[int, Any], depth: int) -> Any:
+    key = id(dataset)
+    if key not in memo:  # a dataset wrapped twice stays one object in this worker
+        memo[key] = _replicate(dataset, memo, depth + 1)
+    return memo[key]
+
+
+def _own_generator(value: Any, memo: dict[int, Any]) -> Any:
     """A copy of ``value`` in its current state when it is a random generator, else ``value``.
 
     The process-wide generators (``torch.default_generator``, ``random``'s and
     NumPy's legacy singletons) are left as they are: they belong to the
     process, not to the dataset, and a worker process would not have a copy
-    of the parent's either.
+    of the parent's either. So is a generator that cannot be copied (a
+    ``random.SystemRandom``, which has no state; a subclass whose
+    constructor needs arguments).
     """
     if isinstance(value, torch.Generator):
         if value is torch.default_generator or value.device.type != "cpu":
             return value
-        own = torch.Generator()
-        own.set_state(value.get_state())
+    elif isinstance(value, random.Random):
+        if value is _rng.PY_SINGLETON or isinstance(value, random.SystemRandom):
+            return value
+    elif not _rng.is_numpy_generator(value):
+        return value
+    key = id(value)
+    if key not in memo:
+        try:
+            if isinstance(value, torch.Generator):
+                own = torch.Generator()
+                own.set_state(value.get_state())
+            else:
+                own = copy.deepcopy(value)
+        except Exception:  # noqa: BLE001 - shared, as before, rather than a dead worker
+            own = _state_copy(value) if isinstance(value, random.Random) else value
+        memo[key] = own
+    return memo[key]
+
+
+def _state_copy(value: random.Random) -> random.Random:
+    """A ``random.Random`` subclass instance copied without its constructor (which may need arguments)."""
+    try:
+        own = type(value).__new__(type(value))
+        own.__dict__.update(getattr(value, "__dict__", {}))
+        own.setstate(value.getstate())
         return own
-    if isinstance(value, random.Random):
-        return value if value is _rng.PY_SINGLETON else copy.deepcopy(value)
-    if _rng.is_numpy_generator(value):
-        return copy.deepcopy(value)
-    return value
+    except Exception:  # noqa: BLE001 - shared, as before
+        return value
 
 
 def rebound(fn: Callable | None, original: Any, replica: Any) -> Callable | None:
