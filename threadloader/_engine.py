@@ -33,7 +33,7 @@ import queue
 import threading
 import time
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 import torch
 from torch.autograd.profiler import record_function
@@ -408,9 +408,13 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
             if kind == _DIED:
                 self._dead_workers.add(worker_id)
             elif kind == _CRASHED:
-                self._failure = payload
-                self._shutdown_workers()
-                raise RuntimeError(payload)
+                self._crashed(payload)
+
+    def _crashed(self, message: str) -> NoReturn:
+        """A worker process crashed: the workers are gone for good; raise its error."""
+        self._failure = message
+        self._shutdown_workers()
+        raise RuntimeError(message)
 
     def _has_result(self, idx: int) -> bool:
         return idx in self._stash
@@ -440,9 +444,7 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
                         raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds")
                     kind, gen, idx, worker_id, payload = message
                 if kind == _CRASHED:
-                    self._failure = payload
-                    self._shutdown_workers()
-                    raise RuntimeError(payload)
+                    self._crashed(payload)
                 if kind == _DIED:
                     # A BaseException (SystemExit, KeyboardInterrupt...) ended the
                     # thread. As DataLoader does with a dead worker process: the

@@ -81,9 +81,9 @@ class WorkerGenerators:
 _WORKER: contextvars.ContextVar[WorkerGenerators | None] = contextvars.ContextVar(
     "threadloader_worker_rng", default=None
 )
-_PY_RANDOM: contextvars.ContextVar[Any] = contextvars.ContextVar("threadloader_random", default=_random._inst)
 #: ``random``'s hidden singleton (the module functions' instance before routing).
 PY_SINGLETON = _random._inst
+_PY_RANDOM: contextvars.ContextVar[Any] = contextvars.ContextVar("threadloader_random", default=PY_SINGLETON)
 #: NumPy's legacy singleton (``np.random.mtrand._rand`` before routing).
 _NP_SINGLETON = _mtrand._rand if _mtrand is not None else None
 _NP_LEGACY: contextvars.ContextVar[Any] = contextvars.ContextVar("threadloader_numpy_random", default=_NP_SINGLETON)
@@ -376,7 +376,7 @@ def _swap_torch_functions() -> None:
 
 
 def _replace_module_functions() -> None:
-    inst = _random._inst
+    inst = PY_SINGLETON
     for name in dir(_random):
         value = getattr(_random, name)
         if getattr(value, "__self__", None) is inst:
@@ -455,7 +455,7 @@ def leave() -> None:
     if mode is not None:
         mode.__exit__(None, None, None)
     _WORKER.set(None)
-    _PY_RANDOM.set(_random._inst)
+    _PY_RANDOM.set(PY_SINGLETON)
     if _mtrand is not None:
         _NP_LEGACY.set(_NP_SINGLETON)
 

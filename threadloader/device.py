@@ -243,7 +243,7 @@ def _map_structure(obj: Any, fn: Any) -> Any:
         mapped = [_map_structure(v, fn) for v in obj]
         if hasattr(obj, "_fields"):  # namedtuple
             return type(obj)(*mapped)
-        return type(obj)(mapped) if type(obj) is not tuple else tuple(mapped)
+        return type(obj)(mapped)
     if isinstance(obj, Sequence):
         mapped = [_map_structure(v, fn) for v in obj]
         try:

@@ -159,34 +159,39 @@ def _own_generator(value: Any, memo: dict[int, Any]) -> Any:
     if isinstance(value, torch.Generator):
         if value is torch.default_generator or value.device.type != "cpu":
             return value
+        make: Callable[[Any], Any] = _torch_generator_copy
     elif isinstance(value, random.Random):
         if value is _rng.PY_SINGLETON or isinstance(value, random.SystemRandom):
             return value
-    elif not _rng.is_numpy_generator(value):
+        make = _random_copy
+    elif _rng.is_numpy_generator(value):
+        make = copy.deepcopy
+    else:
         return value
     key = id(value)
     if key not in memo:
         try:
-            if isinstance(value, torch.Generator):
-                own = torch.Generator()
-                own.set_state(value.get_state())
-            else:
-                own = copy.deepcopy(value)
+            memo[key] = make(value)
         except Exception:  # noqa: BLE001 - shared, as before, rather than a dead worker
-            own = _state_copy(value) if isinstance(value, random.Random) else value
-        memo[key] = own
+            memo[key] = value
     return memo[key]
 
 
-def _state_copy(value: random.Random) -> random.Random:
-    """A ``random.Random`` subclass instance copied without its constructor (which may need arguments)."""
+def _torch_generator_copy(value: torch.Generator) -> torch.Generator:
+    own = torch.Generator()
+    own.set_state(value.get_state())
+    return own
+
+
+def _random_copy(value: random.Random) -> random.Random:
+    """A deep copy; for a subclass whose constructor needs arguments (deepcopy calls it bare), one made from its state."""
     try:
+        return copy.deepcopy(value)
+    except Exception:  # noqa: BLE001 - a failure of this one too leaves the generator shared
         own = type(value).__new__(type(value))
         own.__dict__.update(getattr(value, "__dict__", {}))
         own.setstate(value.getstate())
         return own
-    except Exception:  # noqa: BLE001 - shared, as before
-        return value
 
 
 def rebound(fn: Callable | None, original: Any, replica: Any) -> Callable | None:

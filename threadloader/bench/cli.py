@@ -130,12 +130,13 @@ def parse_workers(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"workers must look like 1,2,4; got {text!r}") from exc
     if not values or any(v < 1 for v in values):
         raise argparse.ArgumentTypeError(f"workers must be positive integers; got {text!r}")
-    cap = MAX_WORKERS_PER_CORE * usable_cores()
+    cores = usable_cores()
+    cap = MAX_WORKERS_PER_CORE * cores
     if max(values) > cap:
         # Each DataLoader worker is a process of a few hundred MB: far past
         # the cores, a typo would run the machine out of memory.
         raise argparse.ArgumentTypeError(
-            f"workers must be at most {cap} ({MAX_WORKERS_PER_CORE} x the {usable_cores()} usable cores); got {text!r}"
+            f"workers must be at most {cap} ({MAX_WORKERS_PER_CORE} x the {cores} usable cores); got {text!r}"
         )
     return sorted(set(values))
 
@@ -394,11 +395,12 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     log.addHandler(handler)
     log.setLevel(logging.INFO)
     done = False
+    cores = usable_cores()  # the CPU affinity, read once: header, log and kernel bound agree
     csv_rows: CsvRows | None = None
     try:
         log.info(
             "threadloader bench: mode=%s python=%s torch=%s cpus=%s cuda=%s platform=%s argv=%s",
-            s["mode"], platform.python_version(), torch.__version__, f"{usable_cores()} usable of {os.cpu_count()}",
+            s["mode"], platform.python_version(), torch.__version__, f"{cores} usable of {os.cpu_count()}",
             torch.cuda.is_available(), platform.platform(), vars(args),
         )
         t0 = time.perf_counter()
@@ -414,7 +416,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         if THREADS_IN_PROCESSES not in loaders:
             log.info("ThreadDataLoader has no worker_processes here: no '%s' rows", THREADS_IN_PROCESSES)
         print(f"data: {root} ({len(files)} images); batch {s['batch_size']}, {s['size']}x{s['size']}, "
-              f"workers {','.join(map(str, s['workers']))}, {usable_cores()} cores", flush=True)
+              f"workers {','.join(map(str, s['workers']))}, {cores} cores", flush=True)
         # A new results.csv starts here: the old run's table and plot would
         # sit beside it as if they were this run's, should it fail.
         for stale in ("results.txt", "throughput.png"):
@@ -442,7 +444,6 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 if rows:
                     print(format_table(rows, COLUMNS))
                 raise
-        cores = usable_cores()
         rates, errors = _kernel_bounds(files, s, cores)
         baselines = {(r["config"], r["workers"]): r["img/s"] for r in rows if r["loader"] == BASELINE}
         for row in kernel_bound_rows(s["configs"], s["workers"], rates, cores, baselines=baselines, errors=errors):
