@@ -366,6 +366,25 @@ def test_explicit_generator_and_other_devices_are_left_alone():
     assert torch.equal(b, torch.rand(3, generator=_reference()))
 
 
+@pytest.mark.parametrize("call", [
+    ((), {"mean": "other", "std": 1.0}),  # keyword tensor: torch.normal(mean=cuda_tensor, std=1.)
+    ((0.0, "other"), {}),  # a tensor after the first argument: torch.normal(0., cuda_std)
+    (("other",), {}),
+    (("other",), {"device": "cpu"}),  # an explicit CPU device is the CPU's
+], ids=["keyword", "second", "first", "device_cpu"])
+def test_routing_leaves_draws_on_other_devices_to_their_generators(call):
+    # No CUDA here: a meta tensor stands for one (it accepts a CPU generator,
+    # so the routing's decision is read directly).
+    other = torch.zeros(3, device="meta")
+    args, kwargs = call
+    args = tuple(other if a == "other" else a for a in args)
+    kwargs = {k: other if v == "other" else v for k, v in kwargs.items()}
+    mine = torch.Generator()
+    routed = _rng._RouteRandomOps(mine, frozenset())._with_generator(args, kwargs)
+    expect_cpu = kwargs.get("device") == "cpu"
+    assert (routed or {}).get("generator") is (mine if expect_cpu else None)
+
+
 def test_torch_seed_functions_in_a_worker():
     def body():
         out = {"initial": torch.initial_seed()}

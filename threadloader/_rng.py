@@ -32,7 +32,7 @@ import contextvars
 import inspect
 import random as _random
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -151,6 +151,10 @@ def _functions_taking_generator() -> frozenset:
     return frozenset(found)
 
 
+def _has_tensor_off_cpu(values: Iterable[Any]) -> bool:
+    return any(isinstance(v, torch.Tensor) and v.device.type != "cpu" for v in values)
+
+
 class _RouteRandomOps(TorchFunctionMode):
     """Injects the worker's generator into random ops called without one (CPU only)."""
 
@@ -178,7 +182,9 @@ class _RouteRandomOps(TorchFunctionMode):
         if device is not None:
             if torch.device(device).type != "cpu":
                 return kwargs  # CUDA draws stay on the device's global generator
-        elif args and isinstance(args[0], torch.Tensor) and args[0].device.type != "cpu":
+        elif _has_tensor_off_cpu(args) or (kwargs and _has_tensor_off_cpu(kwargs.values())):
+            # The draw runs where its tensors are, by position or by keyword
+            # (torch.normal(mean=cuda_tensor, std=1.)): a CPU generator there is an error.
             return kwargs
         kwargs = dict(kwargs) if kwargs else {}
         kwargs["generator"] = self.generator
