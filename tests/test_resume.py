@@ -387,3 +387,172 @@ def test_checkpoint_before_the_first_batch_live_or_after_break(use_generator, nu
     resumed.load_state_dict(sd)
     out += [to_list(resumed), to_list(resumed)]
     assert out == uninterrupted(make)
+
+
+# --- a checkpoint of a resume that has not run yet, or has not passed its skips ----------------
+
+def _shuffled(nw: int = 2, **kw) -> ThreadDataLoader:
+    return ThreadDataLoader(list(range(12)), batch_size=2, num_workers=nw, shuffle=True, **kw)
+
+
+def _taken_then_checkpoint(make, k: int):
+    torch.manual_seed(0)
+    loader = make()
+    it = iter(loader)
+    got = [next(it).tolist() for _ in range(k)]
+    sd = loader.state_dict()
+    del it
+    return got, sd
+
+
+@pytest.mark.parametrize("nw", [0, 2])
+@pytest.mark.parametrize("iterated", [False, True], ids=["loaded", "iter_made"])
+def test_a_checkpoint_of_a_resume_before_its_first_batch_keeps_the_position(nw, iterated):
+    # Preempted again right after restoring: the second checkpoint is the first one's position.
+    torch.manual_seed(0)
+    expected = [b.tolist() for b in _shuffled(nw)]
+    got, sd = _taken_then_checkpoint(lambda: _shuffled(nw), 2)
+    second = _shuffled(nw)
+    second.load_state_dict(roundtrip(sd))
+    it = iter(second) if iterated else None
+    sd2 = second.state_dict()
+    del it
+    third = _shuffled(nw)
+    third.load_state_dict(roundtrip(sd2))
+    assert got + [b.tolist() for b in third] == expected
+
+
+def test_loading_a_state_replaces_the_position_of_a_live_iterator():
+    torch.manual_seed(0)
+    loader = _shuffled()
+    it = iter(loader)
+    next(it)
+    next(it)
+    sd = loader.state_dict()
+    next(it)
+    loader.load_state_dict(sd)
+    assert loader.state_dict()["epoch"]["consumed_prefix"] == 2
+    between = ThreadDataLoader(list(range(12)), batch_size=2).state_dict()
+    loader.load_state_dict(between)
+    assert loader.state_dict()["epoch"] is None
+    del it
+
+
+def test_a_resumed_iterable_epoch_counts_its_skipped_batches_before_receiving_them():
+    make = lambda: ThreadDataLoader(Sharded(0, 40), batch_size=2, num_workers=2, in_order=False)  # noqa: E731
+    loader = make()
+    it = iter(loader)
+    got = [next(it) for _ in range(3)]
+    sd = loader.state_dict()
+    del it
+    resumed = make()
+    resumed.load_state_dict(sd)
+    it = iter(resumed)
+    assert resumed.state_dict()["epoch"]["worker_received"] == sd["epoch"]["worker_received"]
+    rest = list(it)
+    assert sorted(x for b in got + rest for x in b.tolist()) == list(range(40))
+
+
+class _PerIndexSampler(Sampler):
+    """Draws each index from torch's global RNG when it is asked for it (not a permutation up front)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        for _ in range(self.n):
+            yield int(torch.randint(100, ()).item())
+
+
+def test_num_workers_0_resume_with_a_sampler_drawing_per_index():
+    make = lambda: ThreadDataLoader(list(range(100)), batch_size=2, sampler=_PerIndexSampler(12))  # noqa: E731
+    torch.manual_seed(0)
+    expected = [b.tolist() for b in make()]
+    got, sd = _taken_then_checkpoint(make, 2)
+    resumed = make()
+    resumed.load_state_dict(sd)
+    assert got + [b.tolist() for b in resumed] == expected
+
+
+@pytest.mark.parametrize("nw", [0, 2])
+def test_a_batch_whose_fetch_raised_counts_as_received(nw):
+    # DataLoader goes on with the next batch after an error: resume must not fetch it again.
+    class FailsAt4(torch.utils.data.Dataset):
+        def __len__(self):
+            return 12
+
+        def __getitem__(self, i):
+            if i == 4:
+                raise ValueError("bad sample")
+            return i
+
+    make = lambda: ThreadDataLoader(FailsAt4(), batch_size=2, num_workers=nw)  # noqa: E731
+    loader = make()
+    it = iter(loader)
+    got = [next(it).tolist(), next(it).tolist()]
+    with pytest.raises(ValueError, match="bad sample"):
+        next(it)
+    got.append(next(it).tolist())
+    sd = loader.state_dict()
+    del it
+    resumed = make()
+    resumed.load_state_dict(sd)
+    assert [b.tolist() for b in resumed] == [[8, 9], [10, 11]]
+    assert got == [[0, 1], [2, 3], [6, 7]]
+
+
+@pytest.mark.parametrize("base, change, key", [
+    ({}, dict(batch_size=3), "batch_size"),
+    ({}, dict(n=10), "batches"),
+    ({}, dict(generator=True), "generator"),
+    (dict(n=13), dict(drop_last=True, n=13), "drop_last"),
+])
+def test_a_mid_epoch_state_of_a_loader_built_differently_is_refused(base, change, key):
+    def make(n=12, batch_size=2, generator=False, drop_last=False):
+        gen = torch.Generator().manual_seed(0) if generator else None
+        return ThreadDataLoader(list(range(n)), batch_size=batch_size, num_workers=2, shuffle=True,
+                                generator=gen, drop_last=drop_last)
+
+    _, sd = _taken_then_checkpoint(lambda: make(**base), 2)
+    other = make(**change)
+    with pytest.raises(ValueError, match=rf"^this state dict is from a loader with {key}=.*built the same way$"):
+        other.load_state_dict(sd)
+    make(**base).load_state_dict(sd)  # the same loader takes it
+
+
+@pytest.mark.parametrize("nw", [0, 1, 3])
+def test_an_iterable_mid_epoch_state_needs_the_same_num_workers(nw):
+    _, sd = _taken_then_checkpoint(lambda: ThreadDataLoader(Sharded(0, 24), batch_size=2, num_workers=2), 3)
+    with pytest.raises(ValueError, match="num_workers=2, but this loader has num_workers="):
+        ThreadDataLoader(Sharded(0, 24), batch_size=2, num_workers=nw).load_state_dict(sd)
+
+
+_CORRUPTIONS = {
+    "no prefix": lambda s: s["epoch"].pop("consumed_prefix"),
+    "no start": lambda s: s["epoch"].pop("start"),
+    "no base seed": lambda s: s["epoch"]["start"].pop("base_seed"),
+    "epoch not a dict": lambda s: s.__setitem__("epoch", 5),
+    "prefix a string": lambda s: s["epoch"].__setitem__("consumed_prefix", "2"),
+    "prefix negative": lambda s: s["epoch"].__setitem__("consumed_prefix", -3),
+    "prefix past the epoch": lambda s: s["epoch"].__setitem__("consumed_prefix", 100),
+    "extra past the epoch": lambda s: s["epoch"].__setitem__("consumed_extra", [50]),
+    "rng state truncated": lambda s: s.__setitem__("global_rng_state", s["global_rng_state"][:5]),
+    "start rng state a list": lambda s: s["epoch"]["start"].__setitem__("rng_state", [1, 2]),
+    "unknown start key": lambda s: s["epoch"]["start"].__setitem__("colour", 1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_CORRUPTIONS))
+def test_a_corrupted_state_is_one_value_error_and_changes_nothing(name):
+    _, sd = _taken_then_checkpoint(_shuffled, 2)
+    _CORRUPTIONS[name](sd)
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    loader = _shuffled()
+    with pytest.raises(ValueError, match="^not a valid ThreadDataLoader state dict: [^\n]*$"):
+        loader.load_state_dict(sd)
+    assert torch.equal(torch.get_rng_state(), before)
+    assert loader.state_dict()["epoch"] is None  # nothing pending

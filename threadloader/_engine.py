@@ -485,9 +485,15 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
         if (not self._is_iterable and self._sampler_done and self._tasks_outstanding == 0
                 and not self._stash and not self._deaths):
             return None
-        extra = [i for i in self._consumed_ahead if i >= self._rcvd_idx]
-        return progress_record(self._epoch_start, self._rcvd_idx, extra, self._num_yielded,
-                               self._worker_received if self._is_iterable else None)
+        prefix, received = self._rcvd_idx, None
+        if self._is_iterable:
+            # A resumed epoch's batches still to be dropped were received before the checkpoint.
+            received = [got + skip for got, skip in zip(self._worker_received, self._worker_skip)]
+        elif self._plan is not None:
+            # Tasks the resume skips count as received before next() has passed them.
+            prefix = max(prefix, self._plan.consumed_prefix)
+        extra = [i for i in self._consumed_ahead if i >= prefix]
+        return progress_record(self._epoch_start, prefix, extra, self._num_yielded, received)
 
     @property
     def stats(self) -> LoaderStats:
@@ -511,6 +517,9 @@ class ResumableSingleIter(RecordsProgressOnDrop, SingleProcessDataLoaderIter):
         # decide the order as they do in DataLoader. So the epoch's random
         # state is recorded then, just before that first draw.
         self._epoch_start: EpochStart | None = None
+        # Batches taken from the sampler: the received ones, and one whose
+        # fetch raised (DataLoader goes on with the next; it is not yielded).
+        self._taken = 0
         if plan is not None:
             self._base_seed = plan.start.base_seed
             plan.start.apply(loader)
@@ -528,12 +537,17 @@ class ResumableSingleIter(RecordsProgressOnDrop, SingleProcessDataLoaderIter):
                         self._next_index()
                 except StopIteration:
                     break
-            # The resumed epoch's order comes from the recorded state, which
-            # is in place only now (the loader restores the caller's RNG when
-            # iter() returns): let the sampler make its first draw here.
-            first = next(self._sampler_iter, _MISSING)
-            if first is not _MISSING:
-                self._sampler_iter = itertools.chain([first], self._sampler_iter)
+                except Exception:  # noqa: BLE001 - a batch whose error was raised before the checkpoint
+                    continue
+            if plan.consumed_prefix == 0:
+                # The resumed epoch's order comes from the recorded state, which
+                # is in place only now (the loader restores the caller's RNG when
+                # iter() returns): let the sampler make its first draw here. With
+                # batches skipped it has drawn already; a sampler drawing per
+                # index must make its next draws after iter(), as it did then.
+                first = next(self._sampler_iter, _MISSING)
+                if first is not _MISSING:
+                    self._sampler_iter = itertools.chain([first], self._sampler_iter)
             self._num_yielded = plan.num_yielded
 
     def _capture_start(self) -> EpochStart:
@@ -542,7 +556,9 @@ class ResumableSingleIter(RecordsProgressOnDrop, SingleProcessDataLoaderIter):
     def _next_index(self) -> Any:
         if self._epoch_start is None:
             self._epoch_start = self._capture_start()
-        return super()._next_index()
+        index = super()._next_index()
+        self._taken += 1
+        return index
 
     def _next_data(self) -> Any:
         try:
@@ -562,7 +578,7 @@ class ResumableSingleIter(RecordsProgressOnDrop, SingleProcessDataLoaderIter):
             return progress_record(self._capture_start(), 0, [], self._num_yielded, fresh=True)
         if self._all_received():
             return None
-        return progress_record(self._epoch_start, self._num_yielded, [], self._num_yielded)
+        return progress_record(self._epoch_start, self._taken, [], self._num_yielded)
 
     def _all_received(self) -> bool:
         # Every batch of a map-style epoch was yielded (a checkpoint at its last
@@ -570,7 +586,7 @@ class ResumableSingleIter(RecordsProgressOnDrop, SingleProcessDataLoaderIter):
         if self._dataset_kind == DatasetKind.Iterable or self._epoch_start is None:
             return False
         try:
-            if self._num_yielded < len(self._index_sampler):
+            if self._taken < len(self._index_sampler):
                 return False
         except TypeError:  # a sampler without len()
             return False

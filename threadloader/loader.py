@@ -184,6 +184,10 @@ class ThreadDataLoader(DataLoader[_T_co]):
             return _state.unavailable_state(e)
 
     def _state_dict(self) -> dict[str, Any]:
+        if self._resume_plan is not None:
+            # Loaded, not iterated yet: still the loaded position (preempted
+            # again before the first batch), not an older iterator's.
+            return _state.make_state(self, self._resume_plan.record())
         it = self._live_iterator() if self._live_iterator is not None else None
         persistent_base_seed = None
         if it is not None and hasattr(it, "progress"):
@@ -213,4 +217,5 @@ class ThreadDataLoader(DataLoader[_T_co]):
             self._iterator._shutdown_workers()
             self._iterator = None
         self._progress_box = None
+        self._live_iterator = None  # an older iterator's position is no longer the loader's
         self._resume_plan = plan

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Iterator
 
 import torch
@@ -194,6 +194,11 @@ class ResumePlan:
     def __post_init__(self) -> None:
         self._extra = frozenset(self.consumed_extra)
 
+    def record(self) -> dict[str, Any]:
+        """The checkpoint record this plan was made from (a checkpoint taken before the resume ran)."""
+        return progress_record(self.start, self.consumed_prefix, self.consumed_extra, self.num_yielded,
+                               self.worker_received, self.fresh_epoch)
+
 
 class ProgressBox:
     """Where an iterator leaves its epoch record when it is dropped.
@@ -277,6 +282,7 @@ def make_state(loader: Any, progress: dict[str, Any] | None, persistent_base_see
     """
     state = {
         "version": STATE_VERSION,
+        "loader": loader_shape(loader),
         "epoch": progress,
         # Later epochs shuffle from the global RNG when there is no generator
         # (or a sampler draws from it all the same).
@@ -315,20 +321,116 @@ def unavailable_state(error: CheckpointUnavailable) -> dict[str, Any]:
     return {"version": STATE_VERSION, "epoch": None, "unavailable": str(error)}
 
 
-def plan_from_state(loader: Any, state: dict[str, Any]) -> ResumePlan | None:
-    """Validate a state dict, restore its between-epoch RNG state, and plan the resume.
+def loader_shape(loader: Any) -> dict[str, Any]:
+    """What a mid-epoch position depends on besides random state: a resumed loader must have the same."""
+    shape: dict[str, Any] = {
+        "batch_size": loader.batch_size,
+        "drop_last": bool(loader.drop_last),
+        "generator": loader.generator is not None,
+    }
+    if isinstance(loader.dataset, IterableDataset):
+        shape["num_workers"] = loader.num_workers  # each worker's replica has its own position
+    else:
+        try:
+            shape["batches"] = len(loader._index_sampler)  # not len(loader): no IterableDataset side effect
+        except TypeError:  # a sampler without len()
+            pass
+    return shape
+
+
+_RNG_STATE_BYTES = torch.get_rng_state().numel()
+
+
+def _bad(what: str) -> ValueError:
+    return ValueError(f"not a valid ThreadDataLoader state dict: {what}")
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _check_rng_state(value: Any, name: str) -> None:
+    if not (isinstance(value, torch.Tensor) and value.dtype == torch.uint8 and value.numel() == _RNG_STATE_BYTES):
+        raise _bad(f"{name} is not a CPU generator state")
+
+
+def _check_start(start: Any, name: str) -> None:
+    if not isinstance(start, dict) or not {"base_seed", "rng_state"} <= start.keys():
+        raise _bad(f"{name} lacks base_seed or rng_state")
+    unknown = start.keys() - {f.name for f in fields(EpochStart)}
+    if unknown:
+        raise _bad(f"{name} has unknown keys {sorted(unknown)}")
+    if not isinstance(start["base_seed"], int):
+        raise _bad(f"{name}.base_seed is not an int")
+    _check_rng_state(start["rng_state"], f"{name}.rng_state")
+    if start.get("global_rng_state") is not None:
+        _check_rng_state(start["global_rng_state"], f"{name}.global_rng_state")
+
+
+def _check_epoch(epoch: Any, batches: int | None) -> None:
+    if not isinstance(epoch, dict):
+        raise _bad(f"epoch is a {type(epoch).__name__}, not a dict or None")
+    _check_start(epoch.get("start"), "epoch.start")
+    prefix, extra = epoch.get("consumed_prefix"), epoch.get("consumed_extra")
+    if not _is_count(prefix) or not _is_count(epoch.get("num_yielded")):
+        raise _bad("epoch.consumed_prefix and epoch.num_yielded must be counts (ints >= 0)")
+    if not isinstance(extra, list) or not all(_is_count(i) and i >= prefix for i in extra):
+        raise _bad("epoch.consumed_extra must be a list of task numbers beyond consumed_prefix")
+    if batches is not None and (prefix > batches or any(i >= batches for i in extra)):
+        raise _bad(f"epoch names batches beyond the {batches} of an epoch")
+    received = epoch.get("worker_received")
+    if received is not None and not (isinstance(received, list) and all(_is_count(n) for n in received)):
+        raise _bad("epoch.worker_received must be a list of counts")
+
+
+def check_state(loader: Any, state: Any) -> None:
+    """Refuse a state dict that is malformed, or whose mid-epoch position belongs to another loader.
+
+    Nothing is applied before this passes, so a refused load leaves every
+    random state as it was.
 
     Raises:
-        ValueError: the dict is not a threadloader state of a known version.
-        CheckpointUnavailable: the state records that its epoch could not be checkpointed.
+        ValueError: one line saying what is wrong.
     """
     if not isinstance(state, dict) or state.get("version") != STATE_VERSION or "epoch" not in state:
         raise ValueError(
             f"not a ThreadDataLoader state dict of version {STATE_VERSION}: "
             f"{sorted(state) if isinstance(state, dict) else type(state).__name__}"
         )
-    if state.get("unavailable"):
+    for name in ("global_rng_state", "generator_state"):
+        if state.get(name) is not None:
+            _check_rng_state(state[name], name)
+    epoch, recorded = state["epoch"], state.get("loader")
+    if epoch is None:
+        upcoming = state.get("next_epoch")
+        if upcoming is not None:
+            if not isinstance(upcoming, dict) or not isinstance(upcoming.get("persistent"), bool):
+                raise _bad("next_epoch is not a dict with a bool 'persistent'")
+            _check_start(upcoming.get("start"), "next_epoch.start")
+        return
+    shape = loader_shape(loader)
+    if recorded is not None:  # states written before it was recorded are taken as they are
+        if not isinstance(recorded, dict):
+            raise _bad("loader is not a dict")
+        for key, now in shape.items():
+            if key in recorded and recorded[key] != now:
+                raise ValueError(
+                    f"this state dict is from a loader with {key}={recorded[key]!r}, but this loader has "
+                    f"{key}={now!r}: a position inside an epoch resumes only on a loader built the same way")
+    _check_epoch(epoch, shape.get("batches"))
+
+
+def plan_from_state(loader: Any, state: dict[str, Any]) -> ResumePlan | None:
+    """Validate a state dict, restore its between-epoch RNG state, and plan the resume.
+
+    Raises:
+        ValueError: the dict is not a valid threadloader state of a known version, or
+            its mid-epoch position is of a loader built differently (see :func:`check_state`).
+        CheckpointUnavailable: the state records that its epoch could not be checkpointed.
+    """
+    if isinstance(state, dict) and state.get("unavailable"):
         raise CheckpointUnavailable(state["unavailable"])
+    check_state(loader, state)
     if state.get("global_rng_state") is not None:
         torch.set_rng_state(state["global_rng_state"])
     if state.get("generator_state") is not None and loader.generator is not None:
