@@ -850,3 +850,74 @@ def test_batch_sampler_yielding_iterators_and_empty_batches():
     with pytest.raises(IndexError):
         list(DataLoader(Squares(4), batch_sampler=[[]]))
     assert list(ThreadDataLoader(Squares(4), batch_sampler=[[]], num_workers=1, collate_fn=len)) == [0]
+
+
+# --- bad input caught where DataLoader catches it --------------------------------------------
+
+class _ListedBatches:
+    """A batch sampler yielding the given items as they are."""
+
+    def __init__(self, items: list) -> None:
+        self.items = items
+
+    def __iter__(self):
+        return iter(self.items)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
+def _events(loader, limit: int = 12) -> list:
+    """Each ``next()``'s batch, or an error's type and first words, until StopIteration."""
+    out, it = [], iter(loader)
+    for _ in range(limit):
+        try:
+            out.append(next(it).tolist())
+        except StopIteration:
+            return out + ["StopIteration"]
+        except Exception as e:  # noqa: BLE001 - the error is the outcome compared
+            out.append((type(e).__name__, str(e).split(" worker")[0]))
+    return out
+
+
+@pytest.mark.parametrize("bad", [6, torch.tensor(6), None], ids=["int", "0-d tensor", "None"])
+@pytest.mark.parametrize("worker_processes", [0, 1])
+def test_a_bad_index_from_a_batch_sampler_fails_its_task_only_as_in_dataloader(bad, worker_processes):
+    # DataLoader sends the item to a worker, whose fetch raises; the error comes
+    # in that task's turn and the epoch goes on. It used to escape from the
+    # prefetch on the training loop's thread, or kill a worker thread.
+    items = [[0], [1], [2], bad, [4], [5]]
+    expected = _events(DataLoader(Squares(8), batch_sampler=_ListedBatches(items), num_workers=2))
+    got = _events(ThreadDataLoader(Squares(8), batch_sampler=_ListedBatches(items), num_workers=2,
+                                   worker_processes=worker_processes))
+    assert expected[3] == ("TypeError", "Caught TypeError in DataLoader")
+    assert got == expected
+
+
+@pytest.mark.parametrize("worker_processes", [0, 1])
+def test_stop_iteration_from_collate_ends_that_iterable_replica_as_in_dataloader(worker_processes):
+    expected = to_list(DataLoader(_StopsInCollate(), batch_size=2, num_workers=2, collate_fn=_stop_in_worker_0))
+    got = to_list(ThreadDataLoader(_StopsInCollate(), batch_size=2, num_workers=2, collate_fn=_stop_in_worker_0,
+                                   worker_processes=worker_processes))
+    assert expected == [[0, 1], [0, 1], [2, 3], [4, 5]]
+    assert got == expected
+
+
+class _StopsInCollate(IterableDataset):
+    def __iter__(self):
+        return iter(range(6))
+
+
+def _stop_in_worker_0(batch):
+    if torch.utils.data.get_worker_info().id == 0 and 2 in batch:
+        raise StopIteration  # e.g. next() on an exhausted helper iterator
+    return torch.tensor(batch)
+
+
+def test_prefetch_factor_0_fails_with_dataloaders_words():
+    def error(cls):
+        with pytest.raises(AssertionError) as info:
+            iter(cls(Squares(4), num_workers=2, prefetch_factor=0))
+        return str(info.value)
+
+    assert error(ThreadDataLoader) == error(DataLoader)

@@ -50,7 +50,8 @@ from ._torch_compat import (
     profiler_enabled,
     warn_iterable_length,
 )
-from ._worker_loop import _CRASHED, _DATA, _DIED, _STOPPED, ShortBatch, _Config, _drain, _Shared, _worker_main
+from ._worker_loop import (_CRASHED, _DATA, _DIED, _STOPPED, ShortBatch, _Config, _drain, _Shared, _worker_main,
+                           samples_in)
 from .state import EpochStart, RecordsProgressOnDrop, ResumePlan, dataset_state_of, progress_record
 from .stats import LoaderStats, WorkerCounters
 
@@ -170,9 +171,10 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
         self._prefetch_factor = loader.prefetch_factor
         self._in_order = loader.in_order
         if self._num_workers <= 0:
-            raise AssertionError("num_workers must be greater than 0 for ThreadedLoaderIter")
+            # DataLoader's words, its iterator's name included: a user may match on them.
+            raise AssertionError("num_workers must be greater than 0 for MultiProcessingDataLoaderIter")
         if self._prefetch_factor <= 0:
-            raise AssertionError("prefetch_factor must be greater than 0 for ThreadedLoaderIter")
+            raise AssertionError("prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter")
         self._is_iterable = self._dataset_kind == DatasetKind.Iterable
         self._stats = LoaderStats()
         device_index = None
@@ -318,16 +320,19 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
                     break
         else:
             return
-        if self._auto_collation and not self._is_iterable and not hasattr(index, "__len__"):
+        if (self._auto_collation and not self._is_iterable and not hasattr(index, "__len__")
+                and hasattr(index, "__iter__")):
             # A batch sampler may yield an iterator: read it here, on the
             # consumer thread. Anything sized (an array, a tensor, a range)
-            # reaches the dataset as the sampler made it, as in DataLoader.
+            # reaches the dataset as the sampler made it, as in DataLoader;
+            # so does a bad index (an int): the worker's fetch raises on it,
+            # and that task's error comes in its turn, as in DataLoader.
             index = list(index)
         pool = self._pool
         pool.submit(worker_id, (idx, pool.generation, index))
         self._workers_num_tasks[worker_id] += 1
         self._task_info[idx] = worker_id
-        self._task_items[idx] = len(index) if self._auto_collation and hasattr(index, "__len__") else 1
+        self._task_items[idx] = samples_in(index) if self._auto_collation else 1
         self._tasks_outstanding += 1
         self._send_idx += 1
 

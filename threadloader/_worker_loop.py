@@ -152,6 +152,12 @@ def _finish(cfg: _Config, data: Any, counters: WorkerCounters, worker_id: int) -
     t0 = time.perf_counter()
     try:
         data = cfg.collate_fn(data)
+    except StopIteration:
+        if cfg.kind == DatasetKind.Iterable:
+            # Raised inside the replica's fetch, as DataLoader's worker sees it:
+            # the end of this worker's replica, not an error.
+            raise
+        return ExceptionWrapper(where=_where(worker_id, "collate_fn"))
     except Exception:
         return ExceptionWrapper(where=_where(worker_id, "collate_fn"))
     counters.collate_s += time.perf_counter() - t0
@@ -192,12 +198,23 @@ def _fetch_map(cfg: _Config, index: Any, worker_id: int) -> Any:
         except Exception:
             return ExceptionWrapper(where=_where(worker_id, "__getitems__"))
     data = []
-    for i in index:
-        try:
-            data.append(dataset[i])
-        except Exception:
-            return ExceptionWrapper(where=_where(worker_id, f"dataset index {i!r}"))
+    try:
+        for i in index:
+            try:
+                data.append(dataset[i])
+            except Exception:
+                return ExceptionWrapper(where=_where(worker_id, f"dataset index {i!r}"))
+    except Exception:  # the index itself: an int or a 0-d tensor from a bad batch sampler
+        return ExceptionWrapper(where=_where(worker_id, f"batch index {index!r}"))
     return data
+
+
+def samples_in(index: Any) -> int:
+    """The samples a batch index names; 0 for one without a length (an int, a 0-d tensor), whose fetch raises."""
+    try:
+        return len(index)
+    except TypeError:
+        return 0
 
 
 def _next_task(shared: _Shared, counters: WorkerCounters, worker_id: int) -> Any:
@@ -231,7 +248,7 @@ def _map_step(shared: _Shared, cfg: _Config, worker_id: int, init_error: Excepti
     t0 = time.perf_counter()
     payload = _fetch_map(cfg, index, worker_id)
     counters.fetch_s += time.perf_counter() - t0
-    counters.fetched(gen, len(index) if cfg.auto_collation else 1)
+    counters.fetched(gen, samples_in(index) if cfg.auto_collation else 1)
     if not isinstance(payload, ExceptionWrapper):
         payload = _finish(cfg, payload, counters, worker_id)
     shared.post(gen, idx, worker_id, payload)
