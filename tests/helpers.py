@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import signal
 import threading
 import time
 from types import ModuleType
@@ -150,3 +152,24 @@ def require_torchvision(submodule: str = "") -> ModuleType:
         return importlib.import_module(name)
     except Exception as e:  # noqa: BLE001 - any import failure means "not usable here"
         pytest.skip(f"{name} unavailable: {type(e).__name__}: {e}", allow_module_level=True)
+
+
+@contextlib.contextmanager
+def no_sigchld_handler():
+    """DataLoader without its SIGCHLD handler, restored after.
+
+    The handler raises in the main thread whenever a worker process dies: between
+    two ``next()`` calls, or inside one after a batch was taken off the queue, which
+    then is lost and the death reported twice (seen on torch 2.13). DataLoader's
+    status check (every 5 s) reports the death the same way on every run.
+    """
+    from torch.utils.data._utils import signal_handling
+
+    was_set, previous = signal_handling._SIGCHLD_handler_set, signal.getsignal(signal.SIGCHLD)
+    signal_handling._SIGCHLD_handler_set = True  # DataLoader installs nothing
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGCHLD, previous)
+        signal_handling._SIGCHLD_handler_set = was_set

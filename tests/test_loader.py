@@ -6,9 +6,7 @@ import functools
 import gc
 import inspect
 import multiprocessing
-import contextlib
 import random
-import signal
 import threading
 import time
 import warnings
@@ -22,7 +20,7 @@ import threadloader
 from threadloader import ThreadDataLoader
 
 from conftest import wait_no_worker_threads, worker_threads
-from helpers import Failing, Recorder, Sharded, Slow, Squares, to_list, worker_torch_generator
+from helpers import Failing, Recorder, Sharded, Slow, Squares, no_sigchld_handler, to_list, worker_torch_generator
 
 
 # --- the constructor is DataLoader's ------------------------------------------------
@@ -664,34 +662,13 @@ def _outcomes(loader, limit: int = 12) -> list:
     return out
 
 
-@contextlib.contextmanager
-def _no_sigchld_handler():
-    """DataLoader without its SIGCHLD handler, restored after.
-
-    The handler raises in the main thread whenever a worker process dies: between
-    two ``next()`` calls, or inside one after a batch was taken off the queue, which
-    then is lost and the death reported twice (seen on torch 2.13). DataLoader's
-    status check (every 5 s) reports the death the same way on every run.
-    """
-    from torch.utils.data._utils import signal_handling
-
-    was_set, previous = signal_handling._SIGCHLD_handler_set, signal.getsignal(signal.SIGCHLD)
-    signal_handling._SIGCHLD_handler_set = True  # DataLoader installs nothing
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGCHLD, previous)
-        signal_handling._SIGCHLD_handler_set = was_set
-
-
 @pytest.mark.parametrize("exc", [SystemExit(3), KeyboardInterrupt()], ids=["SystemExit", "KeyboardInterrupt"])
 @pytest.mark.parametrize("worker_processes", [0, 1])
 def test_dead_worker_is_skipped_after_its_error_as_dataloader_skips_a_dead_process(exc, worker_processes):
     # DataLoader (the oracle, 5 s: its worker status check interval) raises
     # once where the dead worker's task was due, then goes on with the other
     # workers' tasks. The iterator used to wait forever for the dead one's.
-    with _no_sigchld_handler():
+    with no_sigchld_handler():
         expected = _outcomes(DataLoader(_DiesAt(SystemExit(3)), batch_size=None, num_workers=2))
     assert expected == [0, 1, "exited", 3, 5, "StopIteration"]
     got = _outcomes(ThreadDataLoader(_DiesAt(exc), batch_size=None, num_workers=2, timeout=20,

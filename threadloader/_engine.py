@@ -260,14 +260,15 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
     # DataLoader's protocol -----------------------------------------------------
     def _reset(self, loader: Any, first_iter: bool = False) -> None:
         if first_iter:
-            self._dead_workers: set[int] = set()  # ended by a BaseException: for good
+            # Workers gone for good: ended by a BaseException (None), or with
+            # their worker process (that death's message).
+            self._dead_workers: dict[int, str | None] = {}
         else:  # a persistent iterator's next epoch
             self._read_between_epochs()
             if self._dead_workers:
                 # Their tasks would never be served. DataLoader's next epoch
                 # finds its dead worker process the same way.
-                ids = ", ".join(str(w) for w in sorted(self._dead_workers))
-                raise RuntimeError(f"DataLoader worker (thread(s) {ids}) exited unexpectedly")
+                raise RuntimeError(self._refusal())
             self._plan = None
             self._epoch_start = EpochStart.capture(loader, self._base_seed)
         super()._reset(loader, first_iter)
@@ -348,7 +349,7 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
                         break
                     del self._task_info[self._rcvd_idx]
                     self._task_items.pop(self._rcvd_idx, None)
-                    death = self._deaths.pop(worker_id, None)
+                    death = self._take_death(worker_id)
                 self._consumed_ahead.discard(self._rcvd_idx)  # passed: no longer "ahead"
                 self._rcvd_idx += 1
                 if death is not None:
@@ -358,7 +359,7 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
                     raise death
             else:
                 if self._deaths:  # a worker died without a task of its own left
-                    raise self._deaths.pop(next(iter(self._deaths)))
+                    raise self._take_death(next(iter(self._deaths)))
                 self._finished = True
                 self._stats.ended()
                 if not self._persistent_workers:
@@ -411,9 +412,29 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
         while (message := _get_or_none(self._pool.results, 0)) is not None:
             kind, _, _, worker_id, payload = message
             if kind == _DIED:
-                self._dead_workers.add(worker_id)
+                self._dead_workers[worker_id] = payload if isinstance(payload, str) else None
             elif kind == _CRASHED:
                 self._crashed(payload)
+
+    def _take_death(self, worker_id: int) -> RuntimeError | None:
+        """The death of ``worker_id`` to raise now, if not raised yet.
+
+        The workers of one process die together: their death is raised once,
+        as DataLoader raises once for its one worker per process.
+        """
+        death = self._deaths.pop(worker_id, None)
+        if death is not None and self._dead_workers.get(worker_id) is not None:
+            for other in [w for w, e in self._deaths.items() if e.args == death.args]:
+                del self._deaths[other]
+        return death
+
+    def _refusal(self) -> str:
+        """Why a persistent iterator with dead workers serves no further epoch."""
+        processes = sorted({m for m in self._dead_workers.values() if m is not None})
+        if processes:
+            return processes[0]
+        ids = ", ".join(str(w) for w in sorted(self._dead_workers))
+        return f"DataLoader worker (thread(s) {ids}) exited unexpectedly"
 
     def _crashed(self, message: str) -> NoReturn:
         """A worker process crashed: the workers are gone for good; raise its error."""
@@ -456,9 +477,16 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
                     # worker is unavailable from now on, its tasks are skipped,
                     # and the error is raised where its next task was due.
                     self._workers_status[worker_id] = False
-                    self._dead_workers.add(worker_id)
-                    error = RuntimeError(f"DataLoader worker (thread {worker_id}) exited unexpectedly: {payload!r}")
-                    error.__cause__ = payload
+                    if isinstance(payload, str):  # its worker process died: DataLoader's message
+                        told = payload in self._dead_workers.values()  # by another worker of that process
+                        self._dead_workers[worker_id] = payload
+                        if told:
+                            return kind, idx, worker_id, payload  # its tasks are skipped; raised once
+                        error = RuntimeError(payload)
+                    else:
+                        self._dead_workers[worker_id] = None
+                        error = RuntimeError(f"DataLoader worker (thread {worker_id}) exited unexpectedly: {payload!r}")
+                        error.__cause__ = payload
                     self._deaths[worker_id] = error
                     return kind, idx, worker_id, payload
                 if gen != pool.generation:

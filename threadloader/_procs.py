@@ -59,7 +59,7 @@ import torch.multiprocessing as torch_mp
 
 from . import _context, worker
 from ._engine import JOIN_BUDGET_S, ThreadPool
-from ._worker_loop import _CRASHED, _DATA, _Config, _drain, pin_task
+from ._worker_loop import _CRASHED, _DATA, _DIED, _Config, _drain, pin_task
 from ._torch_compat import ExceptionWrapper
 from .stats import WorkerCounters, _caller_stacklevel
 
@@ -426,6 +426,15 @@ class ProcessPool:
         """
         return [self._by_worker[w].process for w in sorted(self._by_worker)]
 
+    def child_died(self, child: "_Child", message: str) -> None:
+        """Tell the consumer that ``child`` died: its workers are gone, as dead DataLoader worker processes.
+
+        The consumer raises ``message`` once, where the first task they left
+        undone was due, and goes on with the other processes' workers.
+        """
+        for worker_id in child.worker_ids:
+            self.results.put((_DIED, self.generation, -1, worker_id, message))
+
     def fail(self, message: str) -> None:
         """Record the pool's failure and tell the consumer (its first failure wins, in both)."""
         with self._failure_lock:
@@ -500,7 +509,7 @@ def _receive_one(pool: ProcessPool, child: _Child, pid: int) -> bool:
             if not child.results.empty():
                 return True
             if not pool.stopping:
-                pool.fail(_crash_message(pid, child.process.exitcode))
+                pool.child_died(child, _crash_message(pid, child.process.exitcode))
             return False
         return True
     except Exception as exc:  # noqa: BLE001 - the channel itself broke (payloads fail as their task: _Parcel)
@@ -530,7 +539,7 @@ def _forward(pool: ProcessPool, child: _Child, pid: int, msg: tuple[int, int, in
 
 
 def _failed_if_died(pool: ProcessPool, child: _Child, pid: int, detail: str = "") -> bool:
-    """Whether ``child`` has exited (waiting for it briefly); if so, fail the pool with its crash message.
+    """Whether ``child`` has exited (waiting for it briefly); if so, its workers die with its crash message.
 
     Args:
         detail: appended to the crash message (what failed on the way).
@@ -540,7 +549,7 @@ def _failed_if_died(pool: ProcessPool, child: _Child, pid: int, detail: str = ""
     if exitcode is None:
         return False
     if not pool.stopping:
-        pool.fail(f"{_crash_message(pid, exitcode)}{detail}")
+        pool.child_died(child, f"{_crash_message(pid, exitcode)}{detail}")
     return True
 
 
