@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import re
 import signal
 import threading
 import time
@@ -173,3 +174,21 @@ def no_sigchld_handler():
     finally:
         signal.signal(signal.SIGCHLD, previous)
         signal_handling._SIGCHLD_handler_set = was_set
+
+
+def outcomes(loader, limit: int = 12, death: str = "exited unexpectedly") -> list:
+    """Each ``next()``'s result, or "exited" for a worker's death, until StopIteration (a hang fails by timeout).
+
+    Args:
+        death: a pattern (``re.search``) every death's message must match.
+    """
+    out, it = [], iter(loader)
+    while len(out) < limit:
+        try:
+            out.append(int(next(it)))
+        except StopIteration:
+            return out + ["StopIteration"]
+        except RuntimeError as e:
+            assert re.search(death, str(e)), e
+            out.append("exited")
+    return out

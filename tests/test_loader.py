@@ -20,7 +20,8 @@ import threadloader
 from threadloader import ThreadDataLoader
 
 from conftest import wait_no_worker_threads, worker_threads
-from helpers import Failing, Recorder, Sharded, Slow, Squares, no_sigchld_handler, to_list, worker_torch_generator
+from helpers import (Failing, Recorder, Sharded, Slow, Squares, no_sigchld_handler, outcomes, to_list,
+                     worker_torch_generator)
 
 
 # --- the constructor is DataLoader's ------------------------------------------------
@@ -648,20 +649,6 @@ class _DiesAt(Dataset):
         return i
 
 
-def _outcomes(loader, limit: int = 12) -> list:
-    """Each ``next()``'s result, an error's type, until StopIteration (a hang fails by timeout)."""
-    out, it = [], iter(loader)
-    while len(out) < limit:
-        try:
-            out.append(int(next(it)))
-        except StopIteration:
-            return out + ["StopIteration"]
-        except RuntimeError as e:
-            assert "exited unexpectedly" in str(e), e
-            out.append("exited")
-    return out
-
-
 @pytest.mark.parametrize("exc", [SystemExit(3), KeyboardInterrupt()], ids=["SystemExit", "KeyboardInterrupt"])
 @pytest.mark.parametrize("worker_processes", [0, 1])
 def test_dead_worker_is_skipped_after_its_error_as_dataloader_skips_a_dead_process(exc, worker_processes):
@@ -669,9 +656,9 @@ def test_dead_worker_is_skipped_after_its_error_as_dataloader_skips_a_dead_proce
     # once where the dead worker's task was due, then goes on with the other
     # workers' tasks. The iterator used to wait forever for the dead one's.
     with no_sigchld_handler():
-        expected = _outcomes(DataLoader(_DiesAt(SystemExit(3)), batch_size=None, num_workers=2))
+        expected = outcomes(DataLoader(_DiesAt(SystemExit(3)), batch_size=None, num_workers=2))
     assert expected == [0, 1, "exited", 3, 5, "StopIteration"]
-    got = _outcomes(ThreadDataLoader(_DiesAt(exc), batch_size=None, num_workers=2, timeout=20,
+    got = outcomes(ThreadDataLoader(_DiesAt(exc), batch_size=None, num_workers=2, timeout=20,
                                      worker_processes=worker_processes))
     assert got == expected
 
@@ -680,7 +667,7 @@ def test_dead_worker_is_skipped_after_its_error_as_dataloader_skips_a_dead_proce
 def test_persistent_loader_with_a_dead_worker_refuses_the_next_epoch(worker_processes):
     loader = ThreadDataLoader(_DiesAt(SystemExit(3)), batch_size=None, num_workers=2, timeout=20,
                               persistent_workers=True, worker_processes=worker_processes)
-    assert _outcomes(loader) == [0, 1, "exited", 3, 5, "StopIteration"]
+    assert outcomes(loader) == [0, 1, "exited", 3, 5, "StopIteration"]
     with pytest.raises(RuntimeError, match=r"DataLoader worker \(thread\(s\) 0\) exited unexpectedly"):
         iter(loader)
 

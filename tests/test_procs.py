@@ -12,7 +12,6 @@ import collections
 import gc
 import inspect
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -32,7 +31,7 @@ from torch.utils.data import DataLoader, Dataset, default_collate, get_worker_in
 from threadloader import ThreadDataLoader, _context
 
 from conftest import wait_no_worker_threads
-from helpers import Failing, Sharded, Slow, Squares, no_sigchld_handler, to_list
+from helpers import Failing, Sharded, Slow, Squares, no_sigchld_handler, outcomes, to_list
 from test_oracle import loader_args, materialize, run_epochs
 
 FORK = "fork"
@@ -295,22 +294,11 @@ class _ExitsAt1(Dataset):
 
 
 def test_a_worker_process_exiting_is_raised_where_dataloader_raises_it():
-    def outcomes(loader):
-        out, it = [], iter(loader)
-        while len(out) < 10:
-            try:
-                out.append(int(next(it)))
-            except StopIteration:
-                return out + ["StopIteration"]
-            except RuntimeError as e:
-                assert re.match(r"^DataLoader worker \(pid\(s\) \d+\) exited unexpectedly", str(e)), e
-                out.append("exited")
-        return out
-
+    death = r"^DataLoader worker \(pid\(s\) \d+\) exited unexpectedly"
     with no_sigchld_handler():  # its raise could land inside next() and lose a batch
-        expected = outcomes(DataLoader(_ExitsAt1(), batch_size=None, num_workers=2))
+        expected = outcomes(DataLoader(_ExitsAt1(), batch_size=None, num_workers=2), death=death)
     got = outcomes(ThreadDataLoader(_ExitsAt1(), batch_size=None, num_workers=2, worker_processes=2,
-                                    multiprocessing_context=FORK))
+                                    multiprocessing_context=FORK), death=death)
     assert expected == [0, "exited", 2, 4, 5, "StopIteration"]
     assert got == expected
 

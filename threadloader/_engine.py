@@ -50,8 +50,8 @@ from ._torch_compat import (
     profiler_enabled,
     warn_iterable_length,
 )
-from ._worker_loop import (_CRASHED, _DATA, _DIED, _STOPPED, ShortBatch, _Config, _drain, _Shared, _worker_main,
-                           samples_in)
+from ._worker_loop import (_CRASHED, _DATA, _DIED, _STOPPED, ProcessDeath, ShortBatch, _Config, _drain, _Shared,
+                           _worker_main, samples_in)
 from .state import EpochStart, RecordsProgressOnDrop, ResumePlan, dataset_state_of, progress_record
 from .stats import LoaderStats, WorkerCounters
 
@@ -412,20 +412,38 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
         while (message := _get_or_none(self._pool.results, 0)) is not None:
             kind, _, _, worker_id, payload = message
             if kind == _DIED:
-                self._dead_workers[worker_id] = payload if isinstance(payload, str) else None
+                self._record_death(worker_id, payload)
             elif kind == _CRASHED:
                 self._crashed(payload)
+
+    def _record_death(self, worker_id: int, payload: Any) -> tuple[RuntimeError, tuple[int, ...]]:
+        """Record the workers a ``_DIED`` message names as gone for good.
+
+        Args:
+            payload: the BaseException that ended thread ``worker_id``, or the
+                :class:`ProcessDeath` of a worker process and all its threads.
+
+        Returns:
+            The error to raise for them, once, and the workers.
+        """
+        if isinstance(payload, ProcessDeath):  # DataLoader's message, as for its dead worker process
+            self._dead_workers.update(dict.fromkeys(payload.worker_ids, payload.message))
+            return RuntimeError(payload.message), payload.worker_ids
+        error = RuntimeError(f"DataLoader worker (thread {worker_id}) exited unexpectedly: {payload!r}")
+        error.__cause__ = payload
+        self._dead_workers[worker_id] = None
+        return error, (worker_id,)
 
     def _take_death(self, worker_id: int) -> RuntimeError | None:
         """The death of ``worker_id`` to raise now, if not raised yet.
 
-        The workers of one process die together: their death is raised once,
-        as DataLoader raises once for its one worker per process.
+        The threads of one process die together: their one error is raised
+        once, where the first of them was due, as DataLoader raises once for
+        its one worker per process.
         """
         death = self._deaths.pop(worker_id, None)
-        if death is not None and self._dead_workers.get(worker_id) is not None:
-            for other in [w for w, e in self._deaths.items() if e.args == death.args]:
-                del self._deaths[other]
+        for other in [w for w, e in self._deaths.items() if e is death]:
+            del self._deaths[other]
         return death
 
     def _refusal(self) -> str:
@@ -473,21 +491,14 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
                     self._crashed(payload)
                 if kind == _DIED:
                     # A BaseException (SystemExit, KeyboardInterrupt...) ended the
-                    # thread. As DataLoader does with a dead worker process: the
-                    # worker is unavailable from now on, its tasks are skipped,
-                    # and the error is raised where its next task was due.
-                    self._workers_status[worker_id] = False
-                    if isinstance(payload, str):  # its worker process died: DataLoader's message
-                        told = payload in self._dead_workers.values()  # by another worker of that process
-                        self._dead_workers[worker_id] = payload
-                        if told:
-                            return kind, idx, worker_id, payload  # its tasks are skipped; raised once
-                        error = RuntimeError(payload)
-                    else:
-                        self._dead_workers[worker_id] = None
-                        error = RuntimeError(f"DataLoader worker (thread {worker_id}) exited unexpectedly: {payload!r}")
-                        error.__cause__ = payload
-                    self._deaths[worker_id] = error
+                    # thread, or its worker process died. As DataLoader does with a
+                    # dead worker process: the worker is unavailable from now on,
+                    # its tasks are skipped, and the error is raised where its next
+                    # task was due.
+                    error, dead = self._record_death(worker_id, payload)
+                    for w in dead:
+                        self._workers_status[w] = False
+                        self._deaths[w] = error
                     return kind, idx, worker_id, payload
                 if gen != pool.generation:
                     continue  # from an epoch that was abandoned

@@ -59,7 +59,7 @@ import torch.multiprocessing as torch_mp
 
 from . import _context, worker
 from ._engine import JOIN_BUDGET_S, ThreadPool
-from ._worker_loop import _CRASHED, _DATA, _DIED, _Config, _drain, pin_task
+from ._worker_loop import _CRASHED, _DATA, _DIED, ProcessDeath, _Config, _drain, pin_task
 from ._torch_compat import ExceptionWrapper
 from .stats import WorkerCounters, _caller_stacklevel
 
@@ -432,8 +432,8 @@ class ProcessPool:
         The consumer raises ``message`` once, where the first task they left
         undone was due, and goes on with the other processes' workers.
         """
-        for worker_id in child.worker_ids:
-            self.results.put((_DIED, self.generation, -1, worker_id, message))
+        death = ProcessDeath(message, tuple(child.worker_ids))
+        self.results.put((_DIED, self.generation, -1, child.worker_ids[0], death))
 
     def fail(self, message: str) -> None:
         """Record the pool's failure and tell the consumer (its first failure wins, in both)."""

@@ -39,6 +39,13 @@ IDLE_WAKE_S = 0.05
 _DATA, _STOPPED, _DIED, _CRASHED = 0, 1, 2, 3
 
 
+class ProcessDeath(NamedTuple):
+    """A ``_DIED`` payload: a worker process died, and with it all its worker threads."""
+
+    message: str  # DataLoader's "exited unexpectedly" error, raised once for them all
+    worker_ids: tuple[int, ...]
+
+
 @dataclass
 class _Config:
     """What every worker thread needs; read-only once threads start."""
@@ -152,13 +159,11 @@ def _finish(cfg: _Config, data: Any, counters: WorkerCounters, worker_id: int) -
     t0 = time.perf_counter()
     try:
         data = cfg.collate_fn(data)
-    except StopIteration:
-        if cfg.kind == DatasetKind.Iterable:
+    except Exception as e:
+        if isinstance(e, StopIteration) and cfg.kind == DatasetKind.Iterable:
             # Raised inside the replica's fetch, as DataLoader's worker sees it:
             # the end of this worker's replica, not an error.
             raise
-        return ExceptionWrapper(where=_where(worker_id, "collate_fn"))
-    except Exception:
         return ExceptionWrapper(where=_where(worker_id, "collate_fn"))
     counters.collate_s += time.perf_counter() - t0
     return pin_task(data, cfg.pin_device, counters, worker_id) if cfg.pin else data

@@ -332,7 +332,7 @@ def loader_shape(loader: Any) -> dict[str, Any]:
         shape["num_workers"] = loader.num_workers  # each worker's replica has its own position
     else:
         try:
-            shape["batches"] = len(loader._index_sampler)  # not len(loader): no IterableDataset side effect
+            shape["batches"] = len(loader)  # map-style: the batch sampler's length
         except TypeError:  # a sampler without len()
             pass
     return shape
