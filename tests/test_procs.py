@@ -510,6 +510,35 @@ def test_ctrl_c_and_interpreter_exit_stop_the_children():
     assert _wait(lambda: _gone(pids), timeout=5)
 
 
+FORKED_COPY = textwrap.dedent(
+    """
+    import multiprocessing, sys
+    from threadloader import ThreadDataLoader
+
+    holder = [iter(ThreadDataLoader(list(range(40)), batch_size=2, num_workers=2, worker_processes=2,
+                                    multiprocessing_context="fork"))]
+    first = next(holder[0])
+
+    def drop_the_copy():  # the forked copy of the iterator is freed here, in the child
+        holder.clear()
+
+    child = multiprocessing.get_context("fork").Process(target=drop_the_copy)
+    child.start()
+    child.join()
+    print(1 + sum(1 for _ in holder[0]), child.exitcode)
+    """
+)
+
+
+def test_a_forked_copy_freed_in_a_child_leaves_the_owners_workers_alone():
+    # A forked child frees its copy of a live iterator: the copy must not stop
+    # the owner's worker processes (their epoch goes on), nor try to join them.
+    proc = subprocess.run([sys.executable, "-c", FORKED_COPY], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["20", "0"], proc.stderr
+    assert "can only join a child process" not in proc.stderr
+
+
 # --- resume, stats, pinning ---------------------------------------------------------------
 
 @pytest.mark.parametrize("in_order", [True, False])

@@ -349,6 +349,7 @@ class ProcessPool:
         self.generation = 0
         self.stopping = False
         self._stopped = False
+        self._owner_pid = os.getpid()
         #: Why the pool failed (the consumer's RuntimeError message), once it has.
         self.failure: str | None = None
         self._failure_lock = threading.Lock()
@@ -447,6 +448,11 @@ class ProcessPool:
         if self._stopped:
             return
         self._stopped = self.stopping = True
+        if os.getpid() != self._owner_pid:
+            # A forked copy of the owner (collected as garbage in a forked child,
+            # or at its exit): the children, queues and receivers are the
+            # owner's. Stopping them from here would end the owner's epoch.
+            return
         started = [c for c in self._children if c.process is not None and c.process.pid is not None]
         for child in started:
             try:
