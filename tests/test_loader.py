@@ -637,14 +637,15 @@ def test_worker_thread_dying_is_reported_not_hung():
 class _DiesAt(Dataset):
     """Map-style: ``i`` everywhere but at ``bad``, where a BaseException ends the worker."""
 
-    def __init__(self, exc: BaseException, bad: int = 2, n: int = 6) -> None:
-        self.exc, self.bad, self.n = exc, bad, n
+    def __init__(self, exc: BaseException, bad: int = 2, n: int = 6, delay: float = 0.0) -> None:
+        self.exc, self.bad, self.n, self.delay = exc, bad, n, delay
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, i: int) -> int:
         if i == self.bad:
+            time.sleep(self.delay)
             raise self.exc
         return i
 
@@ -676,13 +677,23 @@ def test_persistent_loader_with_a_dead_worker_refuses_the_next_epoch(worker_proc
 def test_a_worker_dying_after_break_makes_the_next_epoch_refused(worker_processes):
     # Worker 0 dies on a task queued before the break (the abandoned epoch's
     # tasks still run). DataLoader's next epoch waits for its workers and
-    # finds the dead one; so must ours, before any batch.
-    loader = ThreadDataLoader(_DiesAt(SystemExit(3)), batch_size=None, num_workers=2, timeout=20,
+    # finds the dead one; so must ours, before any batch, however late it dies.
+    loader = ThreadDataLoader(_DiesAt(SystemExit(3), delay=0.5), batch_size=None, num_workers=2, timeout=20,
                               persistent_workers=True, worker_processes=worker_processes)
     for _ in loader:
         break
-    time.sleep(1.0)  # the death is reported while no epoch reads the results
     with pytest.raises(RuntimeError, match=r"DataLoader worker \(thread\(s\) 0\) exited unexpectedly"):
+        iter(loader)
+
+
+@pytest.mark.parametrize("cls", [DataLoader, ThreadDataLoader])
+def test_timeout_bounds_the_wait_for_an_abandoned_epoch_as_in_dataloader(cls):
+    # The next epoch waits for the tasks queued before the break; a worker
+    # stuck in one of them times out there, as DataLoader's does.
+    loader = cls(Slow(8, 3.0, slow={3}), batch_size=None, num_workers=2, timeout=0.5, persistent_workers=True)
+    for _ in loader:
+        break
+    with pytest.raises(RuntimeError, match=r"^DataLoader timed out after 0.5 seconds$"):
         iter(loader)
 
 

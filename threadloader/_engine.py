@@ -50,8 +50,8 @@ from ._torch_compat import (
     profiler_enabled,
     warn_iterable_length,
 )
-from ._worker_loop import (_CRASHED, _DATA, _DIED, _STOPPED, ProcessDeath, ShortBatch, _Config, _drain, _Shared,
-                           _worker_main, samples_in)
+from ._worker_loop import (_CRASHED, _DATA, _DIED, _STOPPED, _SYNCED, SYNC_TASK, ProcessDeath, ShortBatch, _Config,
+                           _drain, _Shared, _worker_main, samples_in)
 from .state import EpochStart, RecordsProgressOnDrop, ResumePlan, dataset_state_of, progress_record
 from .stats import LoaderStats, WorkerCounters
 
@@ -264,7 +264,7 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
             # their worker process (that death's message).
             self._dead_workers: dict[int, str | None] = {}
         else:  # a persistent iterator's next epoch
-            self._read_between_epochs()
+            self._await_workers()
             if self._dead_workers:
                 # Their tasks would never be served. DataLoader's next epoch
                 # finds its dead worker process the same way.
@@ -399,22 +399,48 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
             return payload
 
     # helpers ----------------------------------------------------------------------
-    def _read_between_epochs(self) -> None:
-        """Read what arrived since the last epoch, before a persistent iterator starts the next one.
+    def _await_workers(self) -> None:
+        """Wait until every live worker has run the jobs queued before now, as DataLoader's next epoch does.
 
-        Results are the old epoch's: dropped. A worker that died meanwhile
-        (finishing an abandoned epoch's tasks after a ``break``) is recorded,
-        so the new epoch is refused as DataLoader refuses it, before any batch.
+        A persistent iterator's workers may still run an abandoned epoch's
+        tasks (after a ``break``): their results are dropped. A worker that
+        dies meanwhile is recorded, so that the new epoch is refused, as
+        DataLoader refuses it, before any batch, whatever the timing.
 
         Raises:
-            RuntimeError: a worker process crashed meanwhile.
+            RuntimeError: a worker process crashed, or ``timeout`` passed.
         """
-        while (message := _get_or_none(self._pool.results, 0)) is not None:
-            kind, _, _, worker_id, payload = message
-            if kind == _DIED:
-                self._record_death(worker_id, payload)
+        pool = self._pool
+        waiting = set(range(self._num_workers)) - set(self._dead_workers)
+        for worker_id in sorted(waiting):
+            pool.submit(worker_id, (SYNC_TASK, pool.generation, None))
+        while waiting:  # ``timeout`` bounds each wait, as DataLoader's
+            kind, _, _, worker_id, payload = self._get_message(self._deadline())
+            if kind == _SYNCED:
+                waiting.discard(worker_id)
+            elif kind == _DIED:
+                waiting.difference_update(self._record_death(worker_id, payload)[1])
             elif kind == _CRASHED:
                 self._crashed(payload)
+
+    def _deadline(self) -> float | None:
+        return None if self._timeout <= 0 else time.monotonic() + self._timeout
+
+    def _get_message(self, deadline: float | None) -> tuple[int, int, int, int, Any]:
+        """The next message from the workers, waiting until ``deadline`` (None: for ever).
+
+        Raises:
+            RuntimeError: DataLoader's timeout error, once the deadline has passed.
+        """
+        results = self._pool.results
+        if deadline is None:
+            return results.get()
+        message = _get_or_none(results, max(0.0, deadline - time.monotonic()))
+        if message is None:
+            # Raised outside the queue's except block: no queue.Empty as its
+            # context, as DataLoader's has none.
+            raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds")
+        return message
 
     def _record_death(self, worker_id: int, payload: Any) -> tuple[RuntimeError, tuple[int, ...]]:
         """Record the workers a ``_DIED`` message names as gone for good.
@@ -472,21 +498,11 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
             idx = next(iter(self._stash))  # arrival order
             return (_DATA, idx, *self._stash.pop(idx))
         pool = self._pool
-        results = pool.results
-        timeout = self._timeout if self._timeout > 0 else None
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = self._deadline()
         t0 = time.perf_counter()
         try:
             while True:
-                if deadline is None:
-                    kind, gen, idx, worker_id, payload = results.get()
-                else:
-                    message = _get_or_none(results, max(0.0, deadline - time.monotonic()))
-                    if message is None:
-                        # Raised outside the queue's except block: no queue.Empty
-                        # as its context, as DataLoader's has none.
-                        raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds")
-                    kind, gen, idx, worker_id, payload = message
+                kind, gen, idx, worker_id, payload = self._get_message(deadline)
                 if kind == _CRASHED:
                     self._crashed(payload)
                 if kind == _DIED:
@@ -500,8 +516,8 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
                         self._workers_status[w] = False
                         self._deaths[w] = error
                     return kind, idx, worker_id, payload
-                if gen != pool.generation:
-                    continue  # from an epoch that was abandoned
+                if gen != pool.generation or kind == _SYNCED:
+                    continue  # from an epoch that was abandoned, or an unread answer of an aborted sync
                 if kind == _STOPPED or not self._in_order or idx == self._rcvd_idx:
                     return kind, idx, worker_id, payload
                 self._stash[idx] = (worker_id, payload)

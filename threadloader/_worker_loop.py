@@ -36,7 +36,12 @@ IDLE_WAKE_S = 0.05
 
 #: Message kinds on the result queue. ``_CRASHED``: a worker process died;
 #: its payload is the message of the RuntimeError the consumer raises.
-_DATA, _STOPPED, _DIED, _CRASHED = 0, 1, 2, 3
+#: ``_SYNCED``: a worker's answer to a ``SYNC_TASK`` job.
+_DATA, _STOPPED, _DIED, _CRASHED, _SYNCED = 0, 1, 2, 3, 4
+
+#: The task number of a job that asks a worker to answer ``_SYNCED`` once it
+#: has run every job queued before it (DataLoader's ``_ResumeIteration``).
+SYNC_TASK = -1
 
 
 class ProcessDeath(NamedTuple):
@@ -223,11 +228,18 @@ def samples_in(index: Any) -> int:
 
 
 def _next_task(shared: _Shared, counters: WorkerCounters, worker_id: int) -> Any:
-    """Wait, counted as idle, for the worker's next task: ``(task, generation, index)``, or None: stop."""
+    """Wait, counted as idle, for the worker's next task: ``(task, generation, index)``, or None: stop.
+
+    ``SYNC_TASK`` jobs are answered here: every job queued before them has run.
+    """
     counters.busy = False
-    job = shared.next_job(worker_id)
-    if job is None or shared.stopping:
-        return None
+    while True:
+        job = shared.next_job(worker_id)
+        if job is None or shared.stopping:
+            return None
+        if job[0] != SYNC_TASK:
+            break
+        shared.results.put((_SYNCED, job[1], SYNC_TASK, worker_id, None))
     counters.busy = True
     return job
 
