@@ -5,6 +5,8 @@ from __future__ import annotations
 import functools
 import io
 import os
+import subprocess
+import sys
 import zipfile
 
 import numpy as np
@@ -29,6 +31,7 @@ from threadloader.io import (
     load_npz,
     random_resized_crop_params,
 )
+from threadloader.io.image import _dct_factor, _is_lossless_jpeg
 
 T = require_torchvision("transforms")  # the reference for resize and crops; skips this module without it
 
@@ -217,6 +220,43 @@ def test_random_resized_crop_loader_equals_full_decode_crop_resize(gap) -> None:
         assert m <= limit[0] and mean < limit[1], (gap, (top, left, h, w), m, mean)
 
 
+class _DrawnBox(RandomResizedCropLoader):
+    """A loader whose "random" draw is a given box."""
+
+    box: tuple[int, int, int, int] = (0, 0, 1, 1)
+
+    def get_params(self, height: int, width: int) -> tuple[int, int, int, int]:
+        return self.box
+
+
+@pytest.fixture(scope="module")
+def jpeg_600() -> bytes:
+    return codec.encode_jpeg(smooth_image(600, 600, seed=6), quality=90)
+
+
+def _check_snapped(loader: _DrawnBox, data: bytes, box: tuple[int, int, int, int], side: int) -> None:
+    loader.box = box
+    frame, (t, l, h, w) = loader.sample(data)
+    assert frame.shape == (*loader.size, 3)
+    factor = _dct_factor(h, w, loader.size, loader.reducing_gap)
+    edges, drawn = (t, l, t + h, l + w), (box[0], box[1], box[0] + box[2], box[1] + box[3])
+    assert all(e % factor == 0 or e == side for e in edges), (box, edges, factor)
+    assert all(abs(a - b) < 2 * factor for a, b in zip(edges, drawn)), (box, edges, factor)
+
+
+def test_random_resized_crop_box_falls_on_the_pixels_of_the_scale_decoded(jpeg_600) -> None:
+    # Snapped to the drawn box's scale (1/2), (2, 2, 511, 511) grew to 512
+    # and was decoded at 1/4, off its pixels (half a scaled pixel's shift).
+    _check_snapped(_DrawnBox(64, reducing_gap=2.0), jpeg_600, (2, 2, 511, 511), 600)
+
+
+@settings(max_examples=80, deadline=None)
+@given(top=st.integers(0, 300), left=st.integers(0, 300), h=st.integers(40, 300), w=st.integers(40, 300),
+       size=st.sampled_from([16, 32, 64]), gap=st.sampled_from([1.0, 2.0]))
+def test_random_resized_crop_boxes_fall_on_the_pixels_of_their_scale(jpeg_600, top, left, h, w, size, gap):
+    _check_snapped(_DrawnBox(size, reducing_gap=gap), jpeg_600, (top, left, h, w), 600)
+
+
 def test_random_resized_crop_loader_generator_and_png(rgb) -> None:
     png = encode(rgb, "PNG")
     a = RandomResizedCropLoader((32, 48), generator=torch.Generator().manual_seed(5))
@@ -348,6 +388,45 @@ def test_truncated_png_detected_even_with_load_truncated_images(rgb, monkeypatch
     cmyk = encode(rgb, "JPEG", "CMYK")
     with pytest.raises(ImageDecodeError, match="truncated"):
         decode_image(cmyk[: len(cmyk) // 2])
+
+
+def _png_chunks(png: bytes):
+    pos = 8
+    while pos < len(png):
+        n = int.from_bytes(png[pos:pos + 4], "big")
+        yield png[pos + 4:pos + 8], png[pos + 8:pos + 8 + n]
+        pos += 12 + n
+
+
+def _png_chunk(kind: bytes, payload: bytes) -> bytes:
+    import zlib
+
+    return len(payload).to_bytes(4, "big") + kind + payload + zlib.crc32(kind + payload).to_bytes(4, "big")
+
+
+@pytest.mark.parametrize("flag", [False, True])
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG RGB", "JPEG CMYK"])
+def test_data_cut_short_before_a_valid_end_marker_is_refused(fmt, flag, monkeypatch) -> None:
+    # The image data stops halfway, yet the file ends well: PNG's IDAT cut
+    # (chunk CRCs valid, IEND present), a JPEG scan cut with EOI appended.
+    # Pillow pads those with grey (a PNG with LOAD_TRUNCATED_IMAGES set, a
+    # CMYK JPEG always); they were returned half-decoded.
+    from PIL import ImageFile
+
+    monkeypatch.setattr(ImageFile, "LOAD_TRUNCATED_IMAGES", flag)
+    pixels = np.random.default_rng(0).integers(0, 256, (200, 300, 3), dtype=np.uint8)
+    if fmt == "PNG":
+        png = encode(pixels, "PNG")
+        chunks = list(_png_chunks(png))
+        idat = b"".join(payload for kind, payload in chunks if kind == b"IDAT")
+        damaged = (png[:8] + b"".join(_png_chunk(k, p) for k, p in chunks if k not in (b"IDAT", b"IEND"))
+                   + _png_chunk(b"IDAT", idat[: len(idat) // 2]) + _png_chunk(b"IEND", b""))
+    else:
+        jpg = encode(pixels, "JPEG", fmt.split()[1], quality=90)
+        sos = jpg.rfind(b"\xff\xda")
+        damaged = jpg[: sos + (len(jpg) - sos) // 2] + b"\xff\xd9"
+    with pytest.raises(ImageDecodeError, match="truncated"):
+        decode_image(damaged)
 
 
 _PILLOW_FORMATS = [("BMP", "RGB", {}), ("BMP", "P", {}), ("GIF", "P", {}), ("TIFF", "RGB", {}),
@@ -506,12 +585,19 @@ def test_load_npy_matches_numpy(arr, fortran, version) -> None:
     data = _npy(arr, version)
     got = load_npy(data)
     _same(got, np.load(io.BytesIO(data)))
-    if got.size:
+    if got.nbytes:
         assert np.shares_memory(got, np.frombuffer(data, np.uint8))
         assert not got.flags.writeable
     w = load_npy(bytearray(data))
     _same(w, arr)
     assert w.flags.writeable or w.size == 0
+
+
+@pytest.mark.parametrize("shape", [(), (3,), (2, 0, 4), (4, 5)])
+def test_load_npy_of_empty_items_matches_numpy(shape) -> None:
+    # np.frombuffer refuses a zero itemsize: this used to be a bare ValueError.
+    data = _npy(np.zeros(shape, dtype="V0"))
+    _same(load_npy(data), np.load(io.BytesIO(data)))
 
 
 @settings(max_examples=30, deadline=None)
@@ -615,14 +701,13 @@ def test_load_npz_errors() -> None:
 
 @pytest.mark.skipif(not _turbojpeg.available(), reason="needs a TurboJPEG 3 library for region decoding")
 def test_crop_decode_reads_only_what_it_needs(rgb, jpeg) -> None:
-    # Region decoding: the same pixels as decode + slice (edge pixels may
-    # differ by chroma upsampling at the crop border)...
+    # Region decoding: the same pixels as decode + slice...
     full = decode_image(jpeg).numpy().astype(int)
     for box in [(0, 0, 40, 50), (17, 33, 60, 70), (64, 96, 56, 64), (0, 0, 120, 160)]:
         t, l, h, w = box
         got = decode_image(jpeg, crop=box).numpy().astype(int)
         assert got.shape == (h, w, 3)
-        assert np.abs(got - full[t:t + h, l:l + w]).mean() < 0.5
+        assert np.array_equal(got, full[t:t + h, l:l + w])
     # ...and rows below the crop are never read: corrupting them does not
     # affect a crop at the top, while a whole-image decode refuses the file.
     bad = bytearray(jpeg)
@@ -635,6 +720,89 @@ def test_crop_decode_reads_only_what_it_needs(rgb, jpeg) -> None:
     # Truncation is still refused, wherever the crop is.
     with pytest.raises(ImageDecodeError, match="truncated"):
         decode_image(jpeg[:-2], crop=(0, 0, 16, 16))
+
+
+@pytest.mark.skipif(not _turbojpeg.available(), reason="needs a TurboJPEG 3 library for region decoding")
+@settings(max_examples=60, deadline=None)
+@given(subsampling=st.sampled_from([0, 1, 2]), factor=st.sampled_from([1, 2, 4, 8]), data=st.data())
+def test_region_decode_equals_the_whole_scaled_image_sliced(subsampling, factor, data) -> None:
+    # Chroma-subsampled (4:2:2, 4:2:0) crops used to differ in their side
+    # columns: smooth upsampling took the region's sides for the image's.
+    pixels = photo_like_image(72, 100, seed=subsampling)
+    jpg = encode(pixels, "JPEG", quality=90, subsampling=subsampling)
+    sh, sw = -(-72 // factor), -(-100 // factor)
+    whole = codec.decode_jpeg(jpg, colorspace="RGB", min_height=sh if factor > 1 else 0,
+                              min_width=sw if factor > 1 else 0)
+    assert whole.shape[:2] == (sh, sw)
+    top = data.draw(st.integers(0, sh - 1))
+    left = data.draw(st.integers(0, sw - 1))
+    bottom = data.draw(st.integers(top + 1, sh))
+    right = data.draw(st.integers(left + 1, sw))
+    got = _turbojpeg.decode_region(jpg, factor, (top, left, bottom, right))
+    assert np.array_equal(got, whole[top:bottom, left:right])
+
+
+def _lossless_jpeg(pixels: np.ndarray) -> bytes:
+    """A lossless (SOF3) JPEG of ``pixels``, encoded by the TurboJPEG 3 library (Pillow cannot)."""
+    import ctypes
+
+    lib = ctypes.CDLL(_turbojpeg.library_path())
+    vp, c_int = ctypes.c_void_p, ctypes.c_int
+    lib.tj3Init.restype, lib.tj3Init.argtypes = vp, [c_int]
+    lib.tj3Set.argtypes = [vp, c_int, c_int]
+    lib.tj3Compress8.argtypes = [vp, vp, c_int, c_int, c_int, c_int, ctypes.POINTER(vp),
+                                 ctypes.POINTER(ctypes.c_size_t)]
+    lib.tj3Free.argtypes = lib.tj3Destroy.argtypes = [vp]
+    pixels = np.ascontiguousarray(pixels, dtype=np.uint8)
+    h, w, _ = pixels.shape
+    handle = lib.tj3Init(0)  # TJINIT_COMPRESS
+    try:
+        for param, value in ((4, 0), (15, 1), (16, 1)):  # TJPARAM_SUBSAMP 4:4:4, LOSSLESS, LOSSLESSPSV
+            lib.tj3Set(handle, param, value)
+        buf, size = vp(), ctypes.c_size_t()
+        assert lib.tj3Compress8(handle, pixels.ctypes.data, w, w * 3, h, 0, ctypes.byref(buf), ctypes.byref(size)) == 0
+        data = ctypes.string_at(buf, size.value)
+        lib.tj3Free(buf)
+    finally:
+        lib.tj3Destroy(handle)
+    return data
+
+
+LOSSLESS_RESIZE = """
+import sys
+import numpy as np, torch
+sys.path.insert(0, {tests!r})
+from test_io import _lossless_jpeg, T
+from threadloader.datagen import photo_like_image
+from threadloader.io import decode_image
+for h, w, size in ((256, 256, (16, 16)), (64, 96, (16, 24)), (300, 200, (37, 25))):
+    pixels = photo_like_image(h, w, 5)
+    got = decode_image(_lossless_jpeg(pixels), size=size).to_tensor()
+    ref = T.Resize(size, antialias=True)(torch.from_numpy(pixels).permute(2, 0, 1))
+    print((got.int() - ref.int()).abs().max().item())
+"""
+
+
+@pytest.mark.skipif(not _turbojpeg.available(), reason="needs the TurboJPEG 3 library to encode lossless JPEGs")
+def test_lossless_jpeg_resized_is_decoded_whole_not_scaled() -> None:
+    # libjpeg-turbo cannot DCT-scale a lossless JPEG: it wrote full-size rows
+    # into the buffer sized for the scaled image (garbage pixels, or a heap
+    # overflow that killed the process). In a child: a crash must fail the test, not the suite.
+    script = LOSSLESS_RESIZE.format(tests=os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    diffs = [int(v) for v in proc.stdout.split()]
+    assert len(diffs) == 3 and max(diffs) <= 1, proc.stdout
+
+
+@pytest.mark.skipif(not _turbojpeg.available(), reason="needs the TurboJPEG 3 library to encode lossless JPEGs")
+def test_lossless_jpeg_crop_is_the_whole_decode_sliced(rgb, jpeg) -> None:
+    lossless = _lossless_jpeg(rgb)
+    assert _is_lossless_jpeg(lossless) and not _is_lossless_jpeg(jpeg)
+    assert not _is_lossless_jpeg(encode(rgb, "JPEG", progressive=True))
+    assert np.array_equal(decode_image(lossless).numpy(), rgb)
+    # TurboJPEG refused to crop it: the file was called corrupt.
+    assert np.array_equal(decode_image(lossless, crop=(8, 16, 30, 40)).numpy(), rgb[8:38, 16:56])
 
 
 def test_region_decoder_is_found_or_cleanly_absent() -> None:

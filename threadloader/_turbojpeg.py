@@ -158,14 +158,18 @@ def decode_region(
             out = np.empty((full_h, full_w, 3), dtype=np.uint8)
             check(lib.tj3Decompress8(handle, data, len(data), out.ctypes.data, full_w * 3, _TJPF_RGB))
             return out[top:bottom, left:right]
-        # The region's left edge must fall on a (scaled) MCU boundary:
-        # decode from the boundary at or before ``left``, then slice.
+        # The region's left edge must fall on a (scaled) MCU boundary. And
+        # libjpeg-turbo's smooth chroma upsampling treats the region's sides
+        # as the image's: with subsampled chroma the columns next to them
+        # would differ from a whole-image decode. So decode one more MCU on
+        # each side (within the image), from a boundary, then slice.
         mcu = max(1, mcu_width // factor)
-        x0 = left - left % mcu
-        width, height = right - x0, bottom - top
+        full_w = -(-lib.tj3Get(handle, _TJPARAM_JPEGWIDTH) // factor)
+        x0 = max(0, left - left % mcu - mcu)
+        width, height = min(full_w, right + mcu) - x0, bottom - top
         check(lib.tj3SetCroppingRegion(handle, _Region(x0, top, width, height)))
         out = np.empty((height, width, 3), dtype=np.uint8)
         check(lib.tj3Decompress8(handle, data, len(data), out.ctypes.data, width * 3, _TJPF_RGB))
     finally:
         lib.tj3Destroy(handle)
-    return out[:, left - x0 :]
+    return out[:, left - x0 : right - x0]

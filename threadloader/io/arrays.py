@@ -96,7 +96,10 @@ def _parse_npy(view: memoryview, what: str) -> np.ndarray:
     if n - offset < needed:
         raise ValueError(f"{what}: truncated NPY data (shape {shape} {dtype} needs {needed} bytes, "
                          f"has {n - offset})")
-    flat = np.frombuffer(view, dtype=dtype, count=count, offset=offset)
+    if dtype.itemsize == 0:  # np.frombuffer refuses empty items (numpy.load does not)
+        flat = np.empty(count, dtype=dtype)
+    else:
+        flat = np.frombuffer(view, dtype=dtype, count=count, offset=offset)
     if fortran:
         return flat.reshape(shape[::-1]).T
     return flat.reshape(shape)

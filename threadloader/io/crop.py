@@ -74,6 +74,14 @@ def _snap(crop: tuple[int, int, int, int], f: int, height: int, width: int) -> t
     return t, l, b - t, r - l
 
 
+def _aligned(crop: tuple[int, int, int, int], f: int, height: int, width: int) -> bool:
+    """Whether a crop box's edges are multiples of ``f`` (image edges count as aligned)."""
+    top, left, h, w = crop
+    bottom, right = top + h, left + w
+    return (top % f == 0 and left % f == 0 and (bottom == height or bottom % f == 0)
+            and (right == width or right % f == 0))
+
+
 class RandomResizedCropLoader:
     """Loader doing torchvision's ``RandomResizedCrop`` while decoding.
 
@@ -152,9 +160,13 @@ class RandomResizedCropLoader:
         height, width = _size_of(data, source)
         crop = self.get_params(height, width)
         if self.reducing_gap and _is_jpeg(data):
+            # Snap to the scale the decode will pick *for the snapped box*:
+            # snapping can grow a box past the next scale's threshold. A box
+            # on multiples of 2f is on multiples of f, so this ends.
             factor = _dct_factor(crop[2], crop[3], self.size, self.reducing_gap)
-            if factor > 1:
+            while factor > 1 and not _aligned(crop, factor, height, width):
                 crop = _snap(crop, factor, height, width)
+                factor = _dct_factor(crop[2], crop[3], self.size, self.reducing_gap)
         frame = _decode_data(data, source, self.size, crop, self.reducing_gap, self.fastdct, self.fastupsample)
         return frame, crop
 

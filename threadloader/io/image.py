@@ -221,7 +221,13 @@ def _decode_simplejpeg(
     else:
         top, left, ch, cw = _check_crop(crop, height, width, src)
     factor = _dct_factor(ch, cw, size, reducing_gap) if (size is not None and reducing_gap) else 1
-    if crop is not None and _turbojpeg.available():
+    # libjpeg-turbo can neither scale nor crop a lossless JPEG: asked to, it
+    # writes full-size rows into the scaled buffer (a heap overflow), or
+    # refuses the crop. Those decode whole, at full scale, and are sliced.
+    lossless = (factor > 1 or crop is not None) and _is_lossless_jpeg(data)
+    if lossless:
+        factor = 1
+    if crop is not None and not lossless and _turbojpeg.available():
         # Decode only the crop (rows above it are skipped, rows below never
         # read, columns outside it not transformed), at the same scale and
         # with the same edges as the whole-image path below.
@@ -253,6 +259,37 @@ def _decode_simplejpeg(
         t, l, b, r = _scaled_box((top, left, ch, cw), sy, sx)
         arr = arr[t:b, l:r]
     return arr
+
+
+#: Start-of-frame markers (SOFn): all of 0xC0..0xCF but DHT, JPG and DAC.
+_SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+#: Those of the lossless process (SOF3, SOF7, SOF11, SOF15).
+_LOSSLESS_SOF_MARKERS = frozenset({0xC3, 0xC7, 0xCB, 0xCF})
+
+
+def _is_lossless_jpeg(data: Any) -> bool:
+    """Whether a JPEG's frame is lossless, read from its markers up to the start of frame.
+
+    Walks the marker segments (their payloads, EXIF or ICC data, can hold
+    any bytes, so a search would be fooled). Malformed headers answer
+    False: the decoder reports them.
+    """
+    if type(data) is not bytes:
+        data = memoryview(data).cast("B")
+    n, i = len(data), 2
+    while i + 4 <= n:
+        if data[i] != 0xFF:
+            return False
+        marker = data[i + 1]
+        if marker == 0xFF:  # a fill byte
+            i += 1
+            continue
+        if marker in _SOF_MARKERS:
+            return marker in _LOSSLESS_SOF_MARKERS
+        if marker == 0xDA or marker == 0xD9:  # start of scan, end of image: no frame header met
+            return False
+        i += 2 + ((data[i + 2] << 8) | data[i + 3])
+    return False
 
 
 def _complete(data: Any, fmt: str | None) -> bool:
@@ -289,6 +326,30 @@ class _EndWatch(io.BytesIO):
         return chunk
 
 
+def _watch_load_read(im: Any, fp: _EndWatch) -> None:
+    """Note in ``fp`` when the plugin's own reader (``load_read``: PNG's IDAT chunks) runs dry.
+
+    Such a plugin ends the image data itself, before the file's end: a scan
+    cut short reads as an empty chunk there, never as a read past the end of
+    ``fp``. Pillow's decoding loop takes either as truncation.
+    """
+    read = getattr(im, "load_read", None)
+    if read is None:
+        return
+
+    def load_read(size: int) -> bytes:
+        try:
+            chunk = read(size)
+        except (IndexError, struct.error):  # Pillow's other sign of truncation
+            fp.ran_out = True
+            raise
+        if not chunk and size != 0:
+            fp.ran_out = True
+        return chunk
+
+    im.load_read = load_read
+
+
 def _decode_pillow(data: Any, src: Any, crop: Sequence[int] | None) -> np.ndarray:
     from PIL import Image, UnidentifiedImageError
 
@@ -300,6 +361,7 @@ def _decode_pillow(data: Any, src: Any, crop: Sequence[int] | None) -> np.ndarra
             fmt = probe.format
         fp = _EndWatch(data)
         with Image.open(fp, formats=[fmt] if fmt else None) as im:
+            _watch_load_read(im, fp)
             if not _complete(data, im.format):
                 raise _fail(src, f"truncated {im.format} data (no end marker)")
             if crop is not None:
@@ -334,6 +396,8 @@ def _decode_data(
         header = _jpeg_header(data, src)
         if header[2] not in ("CMYK", "YCCK"):  # Adobe CMYK needs Pillow's inversion handling
             arr = _decode_simplejpeg(data, src, header, size, crop, reducing_gap, fastdct, fastupsample)
+        else:
+            _check_jpeg_data(data, src)
     if arr is None:
         arr = _decode_pillow(data, src, crop)
     if size is not None and arr.shape[:2] != size:
@@ -341,6 +405,18 @@ def _decode_data(
         # batch buffer; reading the frame runs it into a new array.
         return _deferred(arr, size)
     return Frame(arr)
+
+
+def _check_jpeg_data(data: Any, src: Any) -> None:
+    """Refuse a damaged JPEG that Pillow would decode (CMYK ones go through Pillow).
+
+    Pillow's libjpeg only warns about a scan cut short (and pads it with
+    grey); a strict decode, as of every RGB file, makes that an error.
+    """
+    try:
+        jpeg.decode_jpeg(data, colorspace="CMYK", strict=True)
+    except ValueError as e:
+        raise _fail(src, f"corrupt or truncated JPEG ({e})") from e
 
 
 def _jpeg_header(data: Any, src: Any) -> tuple:
