@@ -710,6 +710,58 @@ def test_timeout_does_not_fire_when_data_arrives():
     assert list(ThreadDataLoader(Slow(3, 0.01), batch_size=None, num_workers=2, timeout=5)) == [0, 1, 2]
 
 
+def _after_shutdown(it, limit: int = 4) -> list:
+    out = []
+    for _ in range(limit):
+        try:
+            out.append(int(next(it)))
+        except StopIteration:
+            return out + ["StopIteration"]
+        except RuntimeError as e:
+            out.append(str(e))
+    return out
+
+
+@pytest.mark.parametrize("worker_processes", [0, 1])
+def test_next_after_the_workers_are_shut_down_ends_the_epoch_as_in_dataloader(worker_processes):
+    # DataLoader's _shutdown_workers marks every worker unavailable: a next()
+    # skips their undone tasks and ends the epoch. Ours used to wait for ever
+    # (timeout here: it raised timeouts instead).
+    def run(cls, **kw):
+        # Sample 0 comes at once, the others late: none is received ahead at the shutdown.
+        it = iter(cls(Slow(20, 0.5, slow=set(range(1, 20))), batch_size=None, num_workers=2, timeout=5, **kw))
+        first = int(next(it))
+        assert it._shutdown is False
+        it._shutdown_workers()
+        assert it._shutdown is True
+        return [first, *_after_shutdown(it)]
+
+    assert run(ThreadDataLoader, worker_processes=worker_processes) == run(DataLoader) == [0, "StopIteration"]
+
+
+@pytest.mark.parametrize("worker_processes", [0, 1])
+def test_a_persistent_iterator_shut_down_serves_no_next_epoch(worker_processes):
+    # DataLoader fails on its closed queues; ours said nothing and waited for
+    # ever for the stopped threads (timeout here: a timeout).
+    loader = ThreadDataLoader(Squares(8), batch_size=2, num_workers=2, timeout=5, persistent_workers=True,
+                              worker_processes=worker_processes)
+    next(iter(loader))
+    loader._iterator._shutdown_workers()
+    with pytest.raises(RuntimeError, match=r"^ThreadDataLoader's workers have been shut down"):
+        iter(loader)
+
+
+def test_num_workers_made_negative_after_construction_fails_as_in_dataloader():
+    errors = []
+    for cls in (DataLoader, ThreadDataLoader):
+        loader = cls(Squares(4), num_workers=2)
+        loader.num_workers = -1
+        with pytest.raises(AssertionError) as info:
+            iter(loader)
+        errors.append(str(info.value))
+    assert errors[0] == errors[1] == "num_workers must be greater than 0 for MultiProcessingDataLoaderIter"
+
+
 # --- shutdown: no leaked threads ------------------------------------------------------------
 
 @pytest.mark.parametrize("how", ["exhaust", "break", "del", "gc", "user_exception"])

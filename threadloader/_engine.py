@@ -50,8 +50,8 @@ from ._torch_compat import (
     profiler_enabled,
     warn_iterable_length,
 )
-from ._worker_loop import (_CRASHED, _DATA, _DIED, _STOPPED, _SYNCED, SYNC_TASK, ProcessDeath, ShortBatch, _Config,
-                           _drain, _Shared, _worker_main, samples_in)
+from ._worker_loop import (_CRASHED, _DATA, _DIED, _STOPPED, _SYNCED, STOPPED_MESSAGE, SYNC_TASK, ProcessDeath,
+                           ShortBatch, _Config, _drain, _Shared, _worker_main, samples_in)
 from .state import EpochStart, RecordsProgressOnDrop, ResumePlan, dataset_state_of, progress_record
 from .stats import LoaderStats, WorkerCounters
 
@@ -107,7 +107,13 @@ class ThreadPool:
         return self._shared.generation
 
     def submit(self, worker_id: int, job: tuple[int, int, Any]) -> None:
-        """Queue ``(task, generation, index)`` for worker ``worker_id``."""
+        """Queue ``(task, generation, index)`` for worker ``worker_id``.
+
+        Raises:
+            RuntimeError: the pool was stopped (no thread would ever run it).
+        """
+        if self._shared.stopping:
+            raise RuntimeError(STOPPED_MESSAGE)
         self._shared.jobs[worker_id].put(job)
 
     def new_epoch(self, generation: int | None = None) -> None:
@@ -117,8 +123,13 @@ class ThreadPool:
         DataLoader's persistent worker processes finish an abandoned epoch's
         prefetched tasks, so that each worker's random streams advance by the
         same draws, whatever the timing (the consumer drops their results).
+
+        Raises:
+            RuntimeError: the pool was stopped.
         """
         shared = self._shared
+        if shared.stopping:
+            raise RuntimeError(STOPPED_MESSAGE)
         shared.generation = shared.generation + 1 if generation is None else generation
 
     @property
@@ -197,6 +208,7 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
             items_per_task=(loader.batch_size or 1) if self._auto_collation else 1,
         )
         self._failure: str | None = None
+        self._shutdown = False  # DataLoader's iterator attribute: True once its workers are shut down
         processes = getattr(loader, "worker_processes", 0)
         if processes:
             from ._procs import ProcessPool  # the process layer builds on this module
@@ -526,6 +538,10 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
 
     def _shutdown_workers(self) -> None:
         self._finalizer()
+        # As DataLoader's shutdown: every worker is unavailable from now on,
+        # so a next() skips the tasks they left undone (and ends the epoch).
+        self._workers_status = [False] * self._num_workers
+        self._shutdown = True
 
     @property
     def _workers(self) -> list[Any]:

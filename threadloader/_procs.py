@@ -59,7 +59,7 @@ import torch.multiprocessing as torch_mp
 
 from . import _context, worker
 from ._engine import JOIN_BUDGET_S, ThreadPool
-from ._worker_loop import _CRASHED, _DATA, _DIED, ProcessDeath, _Config, _drain, pin_task
+from ._worker_loop import _CRASHED, _DATA, _DIED, STOPPED_MESSAGE, ProcessDeath, _Config, _drain, pin_task
 from ._torch_compat import ExceptionWrapper
 from .stats import WorkerCounters, _caller_stacklevel
 
@@ -85,9 +85,6 @@ PICKLE_WARNING = (
     "You can also try multiprocessing.set_start_method('fork')."
 )
 
-#: Raised when a pool that was stopped without a failure is asked for work.
-STOPPED_MESSAGE = "ThreadDataLoader's worker processes have been shut down; this iterator cannot be used again"
-
 
 def check_worker_processes(worker_processes: Any, num_workers: int) -> None:
     """Validate ``worker_processes`` against ``num_workers``.
@@ -111,7 +108,7 @@ def check_worker_processes(worker_processes: Any, num_workers: int) -> None:
             "worker_processes option could only be specified with worker threads. let num_workers > 0 to "
             "enable them, otherwise set worker_processes to 0."
         )
-    if worker_processes > num_workers:
+    if 0 < worker_processes and worker_processes > num_workers:  # num_workers < 0: the iterator's AssertionError
         raise ValueError(
             f"worker_processes option should be at most num_workers (each process runs at least one worker "
             f"thread), but got worker_processes={worker_processes} and num_workers={num_workers}."

@@ -39,6 +39,9 @@ IDLE_WAKE_S = 0.05
 #: ``_SYNCED``: a worker's answer to a ``SYNC_TASK`` job.
 _DATA, _STOPPED, _DIED, _CRASHED, _SYNCED = 0, 1, 2, 3, 4
 
+#: Why a stopped pool takes no more work (the consumer's RuntimeError).
+STOPPED_MESSAGE = "ThreadDataLoader's workers have been shut down; this iterator cannot be used again"
+
 #: The task number of a job that asks a worker to answer ``_SYNCED`` once it
 #: has run every job queued before it (DataLoader's ``_ResumeIteration``).
 SYNC_TASK = -1
