@@ -247,6 +247,8 @@ class _MixedSamples(Dataset):
             return torch.ones(2) if i % 2 == 0 else np.ones(2)
         if self.kind == "conj":
             return (torch.ones(2, dtype=torch.complex64) * 1j).conj()
+        if self.kind in ("shrinking", "growing"):  # sizes differ; the batch is sized from the first
+            return torch.zeros(3 - i % 2 if self.kind == "shrinking" else 2 + i % 2)
         first = torch.float32 if self.kind == "float" else torch.int64
         return torch.tensor([i, i + 0.5], dtype=first if i % 2 == 0 else torch.float64)
 
@@ -265,16 +267,42 @@ def _dataloader_collate_outcome(kind: str):
     return _collate_outcome(DataLoader, kind, 1, multiprocessing_context="fork")
 
 
-@pytest.mark.parametrize("kind", ["float", "long", "grad", "ndarray", "conj"])
+@pytest.mark.parametrize("kind", ["float", "long", "grad", "ndarray", "conj", "shrinking", "growing"])
 @pytest.mark.parametrize("worker_processes", [0, 1])
 def test_default_collate_in_workers_types_the_batch_as_dataloader_workers(kind, worker_processes):
     # A DataLoader worker stacks into a batch of the first sample's dtype
     # (``out=``): float32 then float64 gives float32, a float sample cannot go
     # into a Long batch, and samples requiring grad are refused. Sizing the
-    # batch asks every sample for numel() (an array has none), and a
-    # conjugate view cannot make the batch tensor.
+    # batch asks every sample for numel() (an array has none), a conjugate
+    # view cannot make the batch tensor, and a storage of all the samples'
+    # items cannot be resized to hold len(batch) first samples.
     expected = _dataloader_collate_outcome(kind)
     assert _collate_outcome(ThreadDataLoader, kind, 2, worker_processes=worker_processes) == expected
+
+
+class _NoGetitems(Dataset):
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.tensor([i])
+
+
+def _batched_reader(worker_id: int) -> None:
+    # This worker's copy of the dataset gets a batched reader of its own.
+    torch.utils.data.get_worker_info().dataset.__getitems__ = lambda indices: [("batched", int(i)) for i in indices]
+
+
+@pytest.mark.parametrize("worker_processes", [0, 1])
+def test_a_getitems_given_to_the_worker_copy_in_worker_init_fn_is_used_as_in_dataloader(worker_processes):
+    # torch's fetcher asks the worker's own dataset for __getitems__ at each
+    # fetch; ours decided once, from the loader's dataset.
+    def batches(cls, **kw):
+        return repr(list(cls(_NoGetitems(), batch_size=2, num_workers=2, worker_init_fn=_batched_reader, **kw)))
+
+    expected = batches(DataLoader, multiprocessing_context="fork")
+    assert "batched" in expected
+    assert batches(ThreadDataLoader, worker_processes=worker_processes) == expected
 
 
 # --- worker info and randomness -----------------------------------------------------------

@@ -195,8 +195,6 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
             dataset=self._dataset,
             kind=self._dataset_kind,
             auto_collation=self._auto_collation,
-            # as torch's map fetcher decides it
-            has_getitems=bool(getattr(self._dataset, "__getitems__", None)),
             collate_fn=self._collate_fn,
             drop_last=self._drop_last,
             base_seed=self._base_seed,

@@ -306,6 +306,10 @@ def _collate_tensor_without_shm(batch, *, collate_fn_map=None):
     # batch, samples that require grad) as with DataLoader's workers; only
     # the memory differs (this process's, not shared).
     numel = sum(x.numel() for x in batch)
+    if numel < len(batch) * elem.numel():
+        # A worker process's batch storage holds ``numel`` items and cannot
+        # grow: its resize to the first sample's shape fails, with these words.
+        raise RuntimeError("Trying to resize storage that is not resizable")
     if elem.is_conj() or elem.is_neg() or elem.is_quantized:
         # Views and types whose batch torch's own steps refuse: take them.
         storage = torch.TypedStorage(numel, dtype=elem.dtype, device=elem.device, _internal=True)

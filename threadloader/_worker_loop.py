@@ -61,7 +61,6 @@ class _Config:
     dataset: Any
     kind: int
     auto_collation: bool
-    has_getitems: bool  # auto-collated batches are one __getitems__ call
     collate_fn: Callable
     drop_last: bool
     base_seed: int
@@ -205,7 +204,9 @@ def _fetch_map(cfg: _Config, index: Any, worker_id: int) -> Any:
             return dataset[index]
         except Exception:
             return ExceptionWrapper(where=_where(worker_id, f"dataset index {index!r}"))
-    if cfg.has_getitems:
+    # Asked of this worker's dataset at each fetch, as torch's map fetcher
+    # does: a worker_init_fn may give the worker's copy its own __getitems__.
+    if getattr(dataset, "__getitems__", None):
         try:
             return dataset.__getitems__(index)
         except Exception:
