@@ -799,6 +799,9 @@ def test_lossless_jpeg_resized_is_decoded_whole_not_scaled() -> None:
 def test_lossless_jpeg_crop_is_the_whole_decode_sliced(rgb, jpeg) -> None:
     lossless = _lossless_jpeg(rgb)
     assert _is_lossless_jpeg(lossless) and not _is_lossless_jpeg(jpeg)
+    first = 4 + int.from_bytes(lossless[4:6], "big")  # after the first segment: stray bytes, skipped as libjpeg does
+    assert _is_lossless_jpeg(lossless[:first] + b"\x00\x11" + lossless[first:])
+    assert _is_lossless_jpeg(memoryview(bytearray(lossless)))
     assert not _is_lossless_jpeg(encode(rgb, "JPEG", progressive=True))
     assert np.array_equal(decode_image(lossless).numpy(), rgb)
     # TurboJPEG refused to crop it: the file was called corrupt.

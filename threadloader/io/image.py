@@ -271,15 +271,16 @@ def _is_lossless_jpeg(data: Any) -> bool:
     """Whether a JPEG's frame is lossless, read from its markers up to the start of frame.
 
     Walks the marker segments (their payloads, EXIF or ICC data, can hold
-    any bytes, so a search would be fooled). Malformed headers answer
-    False: the decoder reports them.
+    any bytes, so a search would be fooled), skipping stray bytes between
+    segments as libjpeg does.
     """
     if type(data) is not bytes:
         data = memoryview(data).cast("B")
     n, i = len(data), 2
     while i + 4 <= n:
-        if data[i] != 0xFF:
-            return False
+        if data[i] != 0xFF:  # not a marker: libjpeg skips to the next 0xFF
+            i += 1
+            continue
         marker = data[i + 1]
         if marker == 0xFF:  # a fill byte
             i += 1
