@@ -301,6 +301,36 @@ def test_accelerate_skip_first_batches_keeps_the_thread_loader(accelerator):
     assert isinstance(bare, ThreadDataLoader) and to_list(bare) == expected
 
 
+class _LengthDeclined(torch.utils.data.Sampler):
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):
+        return iter(range(self.n))
+
+    def __len__(self) -> int:
+        raise NotImplementedError("length unknown")
+
+
+@pytest.mark.parametrize("case", ["skip past the end", "sampler declining len"])
+def test_accelerate_helpers_take_loaders_without_a_usable_length(accelerator, case):
+    # Accelerate reads the loader's state_dict() as it wraps it; that asked
+    # len(loader), which raised for a negative length (skipping past the end)
+    # or a sampler declining len(): plain Accelerate takes both.
+    from threadloader.integrations import accelerate as tl_accelerate
+
+    if case == "skip past the end":
+        make = lambda cls: cls(Squares(11), batch_size=3, num_workers=2)  # noqa: E731
+        plain, threaded = _plain_then_threads(accelerator, make)
+        expected = to_list(accelerator.skip_first_batches(plain, num_batches=5))
+        got = to_list(tl_accelerate.skip_first_batches(accelerator, threaded, num_batches=5))
+    else:
+        make = lambda cls: cls(Squares(7), batch_size=3, sampler=_LengthDeclined(7), num_workers=2)  # noqa: E731
+        plain, threaded = _plain_then_threads(accelerator, make)
+        expected, got = to_list(plain), to_list(threaded)
+    assert got == expected
+
+
 def test_accelerate_prepare_all_at_once(accelerator):
     from threadloader.integrations import accelerate as tl_accelerate
 

@@ -333,7 +333,9 @@ def loader_shape(loader: Any) -> dict[str, Any]:
     else:
         try:
             shape["batches"] = len(loader)  # map-style: the batch sampler's length
-        except TypeError:  # a sampler without len()
+        except Exception:  # noqa: BLE001 - a sampler without a usable len(): no length to check
+            # (TypeError: none; NotImplementedError: declined; ValueError: a
+            # negative one, as Accelerate's skip sampler has past the end.)
             pass
     return shape
 
