@@ -575,3 +575,36 @@ def test_decoded_jpegs_reuse_pooled_memory_only_after_release() -> None:
     batch = frame_collate([decode_image(data, size=(20, 30)) for _ in range(4)])
     single = decode_image(data, size=(20, 30)).to_tensor()
     assert all(torch.equal(batch[i], single) for i in range(4))
+
+
+@pytest.mark.parametrize("protocol", range(pickle.HIGHEST_PROTOCOL + 1))
+def test_frames_pickle_at_every_protocol(protocol):
+    # Protocols 0 and 1 test the state's truth: a bare array state raised
+    # (or, for a single zero pixel, was dropped).
+    for pixels in (np.arange(18, dtype=np.uint8).reshape(2, 3, 3), np.zeros((1, 1, 1), np.uint8)):
+        back = pickle.loads(pickle.dumps(Frame(pixels), protocol=protocol))
+        assert isinstance(back, Frame) and np.array_equal(back.numpy(), pixels)
+
+
+def test_threads_reading_a_pending_frame_at_once_all_get_the_frames_own_array():
+    import threading
+
+    from threadloader.frames import _deferred
+
+    pixels = np.random.default_rng(0).integers(0, 256, (300, 400, 3), dtype=np.uint8)
+    for _ in range(10):
+        frame = _deferred(pixels.copy(), (150, 170))
+        barrier, got = threading.Barrier(6), [None] * 6
+
+        def read(i):
+            barrier.wait()
+            got[i] = frame.numpy()
+
+        threads = [threading.Thread(target=read, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        own = frame.numpy()
+        assert all(a is own for a in got)  # each used to keep the array it resized itself
+

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import time
@@ -64,7 +65,7 @@ needs_two_cores = pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="the GIL 
 
 
 def gil_warnings(monkeypatch, machine, seconds: float = 3 * GIL_CHECK_INTERVAL_S + 0.5,
-                 gil: bool | None = True, dataset=None, **loader_kwargs) -> list:
+                 gil: bool | None = True, dataset=None, epochs: int = 1, **loader_kwargs) -> list:
     # The figures are simulated, and so is the GIL unless ``gil`` is None: on
     # a free-threaded Python with the GIL off, the check must stay silent.
     if gil is not None:
@@ -75,8 +76,30 @@ def gil_warnings(monkeypatch, machine, seconds: float = 3 * GIL_CHECK_INTERVAL_S
     loader = ThreadDataLoader(dataset, batch_size=4, num_workers=2, **loader_kwargs)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        run_for(loader, seconds)
+        for _ in range(epochs):
+            run_for(loader, seconds)
     return [w for w in caught if "holds the GIL" in str(w.message)]
+
+
+@needs_two_cores
+def test_warns_once_per_loader_not_once_per_epoch(monkeypatch):
+    # Each epoch of a non-persistent loader is a new iterator: it warned again.
+    gil = gil_warnings(monkeypatch, only_this_process_busy, seconds=2 * GIL_CHECK_INTERVAL_S + 0.3, epochs=3)
+    assert len(gil) == 1, gil
+
+
+def test_the_clock_stops_when_the_iterator_is_dropped_after_break():
+    # It kept running after the loop was left: elapsed_s grew, items_per_s fell.
+    loader = ThreadDataLoader(Slow(40, 0.0), batch_size=4, num_workers=2)
+    for k, _ in enumerate(loader):
+        if k == 2:
+            break
+    del _
+    gc.collect()  # the iterator is gone (it goes at once; a cycle would keep it to here)
+    before = loader.stats().snapshot()
+    time.sleep(0.3)
+    after = loader.stats().snapshot()
+    assert after["elapsed_s"] == before["elapsed_s"] and after["items_per_s"] == before["items_per_s"]
 
 
 @needs_two_cores

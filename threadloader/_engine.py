@@ -144,8 +144,12 @@ class ThreadPool:
             _drain(self.results)
 
 
-def _stop_pool(pool: Any, release_buffers: Any) -> None:
-    """Stop the iterator's pool, then end its reservation of pooled batch buffers."""
+def _stop_pool(pool: Any, release_buffers: Any, stats: LoaderStats) -> None:
+    """Stop the iterator's pool, then end its reservation of pooled batch buffers.
+
+    The epoch's clock stops too: an iterator dropped after ``break`` ends there.
+    """
+    stats.ended()
     try:
         pool.stop()
     finally:
@@ -217,7 +221,7 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
         # Runs on del / garbage collection of this iterator, on explicit
         # shutdown, and at interpreter exit (weakref.finalize's atexit hook).
         self._finalizer = weakref.finalize(
-            self, _stop_pool, self._pool, None if processes else self._reserve_buffers())
+            self, _stop_pool, self._pool, None if processes else self._reserve_buffers(), self._stats)
         self._stats.bind(self._pool.counters, self._num_workers)
         self._reset(loader, first_iter=True)
         if plan is not None:

@@ -84,7 +84,9 @@ class Frame:
     def numpy(self) -> np.ndarray:
         """The ``(H, W, C)`` uint8 pixels (the frame's own array, not a copy).
 
-        A pending resize runs here, once, into a new array the frame keeps.
+        A pending resize runs here into a new array the frame keeps. Threads
+        reading a pending frame at once may each run it, but all get the
+        array the frame keeps.
         """
         arr, size = self._state
         if size is None:
@@ -92,7 +94,11 @@ class Frame:
         out = np.empty((size[0], size[1], arr.shape[2]), dtype=np.uint8)
         _resize(_from_numpy(arr[None].transpose(0, 3, 1, 2)), size, False,
                 out=_from_numpy(out[None].transpose(0, 3, 1, 2)))
-        self._state = (out, None)
+        with _publish_lock:  # the first reader to finish publishes; the others return its array
+            kept, pending = self._state
+            if pending is None:
+                return kept
+            self._state = (out, None)
         return out
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
@@ -118,13 +124,18 @@ class Frame:
         h, w, c = self.shape
         return f"Frame(height={h}, width={w}, channels={c}, layout='HWC')"
 
-    def __getstate__(self) -> np.ndarray:
+    def __getstate__(self) -> tuple[np.ndarray]:
         # Resized here, in the pickling (worker) process: what travels is the
-        # final pixels, as before.
-        return self.numpy()
+        # final pixels. A tuple: pickle protocols 0 and 1 test the state's
+        # truth, which an array has none of.
+        return (self.numpy(),)
 
-    def __setstate__(self, state: np.ndarray) -> None:
-        self._state = (state, None)
+    def __setstate__(self, state: tuple[np.ndarray] | np.ndarray) -> None:
+        self._state = (state[0] if isinstance(state, tuple) else state, None)
+
+
+#: Publishes a pending frame's resized array (``Frame.numpy``): held for a store, never a resize.
+_publish_lock = threading.Lock()
 
 
 def _deferred(array: np.ndarray, size: tuple[int, int] | None) -> Frame:

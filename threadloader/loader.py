@@ -136,6 +136,8 @@ class ThreadDataLoader(DataLoader[_T_co]):
             _torch_compat.check_worker_number_rationality(self)
             _procs.check_worker_processes(self.worker_processes, self.num_workers)  # it is a plain attribute
             it = ThreadedLoaderIter(self, plan)
+            if self._last_stats is not None and self._last_stats.gil_warned:
+                it.stats.gil_warned = True  # the GIL warning is given once per loader, not per epoch
             self._last_stats = it.stats
         self._progress_box = it.progress_box = _state.ProgressBox()
         return it

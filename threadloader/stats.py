@@ -263,7 +263,9 @@ class LoaderStats:
 
         Returns:
             ``batches``, ``items`` (delivered to the consumer), ``elapsed_s``
-            (it stops at the epoch's end), ``wait_s`` (consumer
+            (it stops at the epoch's end, or when the iterator is dropped
+            or shut down; a persistent iterator left by ``break`` runs on
+            until its next epoch), ``wait_s`` (consumer
             blocked waiting for data), ``fetch_s``,
             ``collate_s``, ``pin_s`` (summed over workers), ``items_fetched``,
             ``worker_utilization`` (busy time / (elapsed × workers), 0..1) and
