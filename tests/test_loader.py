@@ -307,6 +307,41 @@ def test_a_getitems_given_to_the_worker_copy_in_worker_init_fn_is_used_as_in_dat
 
 # --- worker info and randomness -----------------------------------------------------------
 
+class _SharesTheLoadersGenerator(Dataset):
+    """Draws from the generator the loader shuffles with; copying it is slow (a big dataset's would be)."""
+
+    def __init__(self, generator: torch.Generator) -> None:
+        self.g = generator
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> float:
+        return torch.rand((), generator=self.g).item()
+
+    def __copy__(self):
+        time.sleep(0.2)
+        clone = type(self).__new__(type(self))
+        clone.__dict__.update(self.__dict__)
+        return clone
+
+
+@pytest.mark.parametrize("worker_processes", [0, 1])
+def test_workers_copy_the_dataset_before_the_epoch_draws_its_order(worker_processes):
+    # A worker process's copy of the dataset (and of a generator it shares
+    # with the sampler) is taken when the workers start, before the sampler
+    # draws. Worker threads copied it in their own thread, at any time: a slow
+    # copy came after the draw, and the same seed gave other samples.
+    def batches(cls, **kw):
+        g = torch.Generator().manual_seed(7)
+        loader = cls(_SharesTheLoadersGenerator(g), batch_size=2, shuffle=True, generator=g, num_workers=2, **kw)
+        return [b.tolist() for b in loader]
+
+    expected = batches(DataLoader, multiprocessing_context="fork")
+    assert batches(ThreadDataLoader, worker_processes=worker_processes) == expected
+
+
+
 class _OwnGenerators(Dataset):
     """Augments with generators of its own, made once in __init__ (a common pattern)."""
 

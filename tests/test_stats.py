@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import os
 import sys
+import threading
 import time
 import warnings
 
@@ -308,3 +309,47 @@ def test_a_worker_starting_an_epoch_never_shows_the_old_count_under_it():
     seen.clear()
     counters.fetched(1, 4)
     assert (1, 32) not in seen and seen[-1] == (1, 4)
+
+
+class _NewEpochMidRead:
+    """A worker's counters whose first read, once armed, lets another thread start the next epoch.
+
+    That is the consumer calling ``new_epoch`` while a monitoring thread is
+    inside ``snapshot()`` (with the GIL off, or between two bytecodes with it).
+    """
+
+    collate_s = pin_s = 0.0
+    epoch = epoch_items = 0
+
+    def __init__(self) -> None:
+        self.stats: stats.LoaderStats | None = None
+        self.other: threading.Thread | None = None
+
+    @property
+    def fetch_s(self) -> float:
+        if self.stats is not None:
+            self.other = threading.Thread(target=self.stats.new_epoch, args=(1,))
+            self.stats = None
+            self.other.start()
+            self.other.join(0.2)  # it runs now, or waits until the snapshot is done
+        return 5.0
+
+
+def test_a_snapshot_never_mixes_two_epochs():
+    # It read the epoch's start, end, baseline and counts at different times:
+    # a new epoch starting mid-read gave the old epoch's clock with the new
+    # epoch's counts (or negative times, or a TypeError on the end time).
+    counter = _NewEpochMidRead()
+    loader_stats = stats.LoaderStats()
+    loader_stats.bind([counter], 1)
+    loader_stats.new_epoch(0)
+    loader_stats.batches, loader_stats.items = 3, 12
+    loader_stats.ended()
+    started, ended = loader_stats.started, loader_stats._ended
+    counter.stats = loader_stats
+    snap = loader_stats.snapshot()
+    counter.other.join()
+    assert (snap["batches"], snap["items"], snap["elapsed_s"]) == (3, 12, ended - started)
+    assert snap["fetch_s"] == 0.0
+    assert loader_stats.snapshot()["batches"] == 0  # the new epoch did start
+

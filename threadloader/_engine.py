@@ -39,6 +39,7 @@ import torch
 from torch.autograd.profiler import record_function
 
 from ._pool import decode_pool, host_pool
+from . import worker
 from ._thread_view import WorkerThreadView
 from ._torch_compat import (
     BaseDataLoaderIter,
@@ -95,8 +96,13 @@ class ThreadPool:
         self._shared = shared = _Shared(list(worker_ids), results, counters)
         self.results = results
         self.counters = counters
+        # Each worker's own copy of the dataset, as a worker process has
+        # (persistent workers keep it). Made here, before the epoch draws its
+        # order: generators the dataset shares with the sampler are copied in
+        # the state they had when the workers started, as a process forks them.
         self._threads = [
-            threading.Thread(target=_worker_main, args=(shared, cfg, w), name=f"threadloader-worker-{w}", daemon=True)
+            threading.Thread(target=_worker_main, args=(shared, cfg, w, worker.worker_dataset(cfg.dataset)),
+                             name=f"threadloader-worker-{w}", daemon=True)
             for w in worker_ids
         ]
         for thread in self._threads:

@@ -118,8 +118,13 @@ def _where(worker_id: int, what: str) -> str:
     return f"in DataLoader worker thread {worker_id} ({what})"
 
 
-def _worker_main(shared: _Shared, cfg: _Config, worker_id: int) -> None:
-    """Body of one worker thread: set up worker info, init, then serve tasks."""
+def _worker_main(shared: _Shared, cfg: _Config, worker_id: int, replica: Any) -> None:
+    """Body of one worker thread: set up worker info, init, then serve tasks.
+
+    Args:
+        replica: this worker's copy of the dataset (:func:`worker.worker_dataset`),
+            made by the pool's owner before the epoch drew anything.
+    """
     # Room in the decode pool for one task's frames (they all live until
     # collate), for as long as this worker runs: see BufferPool.reserve.
     release_frames = decode_pool.reserve(cfg.items_per_task)
@@ -128,9 +133,7 @@ def _worker_main(shared: _Shared, cfg: _Config, worker_id: int) -> None:
         limit_this_thread()
         if cfg.pin and cfg.device_index is not None:
             torch.accelerator.set_device_index(cfg.device_index)
-        # Its own copy, as a worker process has (persistent workers keep it);
-        # the dataset's own methods passed as hooks follow it.
-        replica = worker.worker_dataset(cfg.dataset)
+        # The dataset's own methods passed as hooks follow its copy.
         cfg = dataclasses.replace(
             cfg, dataset=replica, init_fn=worker.rebound(cfg.init_fn, cfg.dataset, replica),
             collate_fn=worker.rebound(cfg.collate_fn, cfg.dataset, replica))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 import warnings
 from dataclasses import dataclass
@@ -154,6 +155,9 @@ class LoaderStats:
         self._baseline = (0.0, 0.0, 0.0)
         self._generation = 0
         self._ended: float | None = None
+        # new_epoch/ended (the consumer) against snapshot (any thread): a
+        # snapshot sees one epoch's start, baseline and end, never a mix.
+        self._epoch_lock = threading.Lock()
         self.gil_warned = False
         # The cores this process may use: with a narrower CPU affinity, idle
         # cores elsewhere on the machine are no use to it.
@@ -177,19 +181,21 @@ class LoaderStats:
             generation: the pool's generation for this epoch: the workers'
                 samples are counted per generation (``WorkerCounters.fetched``).
         """
-        self.batches = 0
-        self.items = 0
-        self.wait_s = 0.0
-        self._generation = generation
-        self._ended = None
-        self.started = time.perf_counter()
-        self._baseline = self._worker_totals()
+        with self._epoch_lock:
+            self.batches = 0
+            self.items = 0
+            self.wait_s = 0.0
+            self._generation = generation
+            self._ended = None
+            self.started = time.perf_counter()
+            self._baseline = self._worker_totals()
         self._gil_mark = (self.started, self._gil_sample())
 
     def ended(self) -> None:
-        """The epoch is over (StopIteration): its clock stops."""
-        if self._ended is None:
-            self._ended = time.perf_counter()
+        """The epoch is over (StopIteration, or its iterator stopped): its clock stops."""
+        with self._epoch_lock:
+            if self._ended is None:
+                self._ended = time.perf_counter()
 
     def delivered(self, items: int) -> None:
         self.batches += 1
@@ -271,23 +277,25 @@ class LoaderStats:
             ``worker_utilization`` (busy time / (elapsed × workers), 0..1) and
             ``items_per_s``.
         """
-        end = time.perf_counter() if self._ended is None else self._ended
-        elapsed = max(end - self.started, 1e-9)
-        fetch, collate, pin = (now - base for now, base in zip(self._worker_totals(), self._baseline))
-        fetched = sum(c.epoch_items for c in self._counters if c.epoch == self._generation)
+        with self._epoch_lock:  # one epoch's fields (see new_epoch); totals only grow past its baseline
+            end = time.perf_counter() if self._ended is None else self._ended
+            elapsed = max(end - self.started, 1e-9)
+            fetch, collate, pin = (now - base for now, base in zip(self._worker_totals(), self._baseline))
+            fetched = sum(c.epoch_items for c in self._counters if c.epoch == self._generation)
+            batches, items, wait_s = self.batches, self.items, self.wait_s
         busy = fetch + collate + pin
         util = busy / (elapsed * self._num_workers) if self._num_workers else 0.0
         return {
-            "batches": self.batches,
-            "items": self.items,
+            "batches": batches,
+            "items": items,
             "elapsed_s": elapsed,
-            "wait_s": self.wait_s,
+            "wait_s": wait_s,
             "fetch_s": fetch,
             "collate_s": collate,
             "pin_s": pin,
             "items_fetched": fetched,
             "worker_utilization": min(util, 1.0),
-            "items_per_s": self.items / elapsed,
+            "items_per_s": items / elapsed,
         }
 
     def __repr__(self) -> str:
