@@ -445,8 +445,9 @@ def to_device(
     Args:
         loader: any iterable of batches (a DataLoader, ThreadDataLoader, list...).
         device: target device, e.g. ``"cuda"``, ``"cuda:1"`` or ``"cpu"``.
-        normalize: ``(mean, std)`` in the [0, 1] pixel scale, one value per
-            channel (or one for all), or None.
+        normalize: ``(mean, std)`` in the [0, 1] pixel scale: two sequences
+            with one value per channel (or a one-element sequence each, for
+            all channels), or None.
         mirror: probability of a horizontal flip per sample, or None.
         dtype: floating output dtype for image batches, or None to keep uint8
             (only with ``normalize=None``).

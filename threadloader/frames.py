@@ -306,8 +306,9 @@ def frame_collate(
 
     Args:
         batch: list of samples.
-        normalize: ``(mean, std)`` per channel (or one value for all), in the
-            [0, 1] pixel scale, or None.
+        normalize: ``(mean, std)``, two sequences with one value per channel
+            (or a one-element sequence each, for all channels), in the [0, 1]
+            pixel scale, or None.
         dtype: floating dtype of converted image batches (default float32 when
             ``normalize`` is given); None with ``normalize=None`` keeps uint8.
 
