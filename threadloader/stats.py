@@ -167,6 +167,17 @@ class LoaderStats:
         self._cores = len(cpus) if cpus else machine
         self.new_epoch()
 
+    def __getstate__(self) -> dict[str, Any]:
+        # A loader is pickled and copied with its last stats (Lightning and
+        # Accelerate copy loaders): the lock is not state, a copy gets its own.
+        state = dict(vars(self))
+        del state["_epoch_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        vars(self).update(state)
+        self._epoch_lock = threading.Lock()
+
     def bind(self, counters: list[WorkerCounters], num_workers: int) -> None:
         self._counters = counters
         self._num_workers = num_workers
