@@ -773,18 +773,6 @@ def test_timeout_does_not_fire_when_data_arrives():
     assert list(ThreadDataLoader(Slow(3, 0.01), batch_size=None, num_workers=2, timeout=5)) == [0, 1, 2]
 
 
-def _after_shutdown(it, limit: int = 4) -> list:
-    out = []
-    for _ in range(limit):
-        try:
-            out.append(int(next(it)))
-        except StopIteration:
-            return out + ["StopIteration"]
-        except RuntimeError as e:
-            out.append(str(e))
-    return out
-
-
 @pytest.mark.parametrize("worker_processes", [0, 1])
 def test_next_after_the_workers_are_shut_down_ends_the_epoch_as_in_dataloader(worker_processes):
     # DataLoader's _shutdown_workers marks every worker unavailable: a next()
@@ -797,7 +785,7 @@ def test_next_after_the_workers_are_shut_down_ends_the_epoch_as_in_dataloader(wo
         assert it._shutdown is False
         it._shutdown_workers()
         assert it._shutdown is True
-        return [first, *_after_shutdown(it)]
+        return [first, *outcomes(it, 4)]  # iter() of an iterator is itself
 
     assert run(ThreadDataLoader, worker_processes=worker_processes) == run(DataLoader) == [0, "StopIteration"]
 
