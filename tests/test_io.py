@@ -186,10 +186,12 @@ def test_crop_with_dct_scaling_on_sizes_not_multiple_of_8(shape) -> None:
 
 def test_crop_outside_image_raises(jpeg) -> None:
     for crop in [(0, 0, 121, 10), (-1, 0, 5, 5), (0, 150, 10, 11), (0, 0, 0, 5)]:
-        with pytest.raises(ValueError, match="does not fit"):
+        with pytest.raises(ValueError, match="does not fit") as info:
             decode_image(jpeg, crop=crop)
-    with pytest.raises(ValueError, match="does not fit"):
+        assert type(info.value) is ValueError  # not an internal subclass
+    with pytest.raises(ValueError, match="does not fit") as info:
         decode_image(encode(np.zeros((8, 8, 3), np.uint8), "PNG"), crop=(0, 0, 9, 9))
+    assert type(info.value) is ValueError
 
 
 def test_random_resized_crop_params_match_torchvision() -> None:

@@ -154,7 +154,10 @@ def _crop_box(crop: Any) -> tuple[int, int, int, int]:
 
 
 class _CropOutsideImage(ValueError):
-    pass
+    """Internal: lets the decoders tell a bad crop from a decoder's ValueError.
+
+    ``decode_image`` re-raises it as a plain ValueError (its documented type).
+    """
 
 
 def _check_crop(crop: Sequence[int], height: int, width: int, src: Any) -> tuple[int, int, int, int]:
@@ -475,7 +478,11 @@ def decode_image(
     _check_reducing_gap(reducing_gap)
     # ImageFolder's paths are the common case: first and cheapest.
     data = _read_file(source) if type(source) is str else _read_source(source)
-    return _decode_data(data, source, pair, crop, reducing_gap, fastdct, fastupsample)
+    try:
+        return _decode_data(data, source, pair, crop, reducing_gap, fastdct, fastupsample)
+    except _CropOutsideImage as e:
+        # The internal class would show in the user's traceback.
+        raise ValueError(str(e)) from None
 
 
 def image_size(source: Source) -> tuple[int, int]:
