@@ -122,6 +122,12 @@ def test_collate_mixed_sizes_error_names_both_sizes() -> None:
 def test_collate_mixed_types_error() -> None:
     with pytest.raises(TypeError):
         frame_collate([_frame(), torch.zeros(3, 6, 5, dtype=torch.uint8)])
+    # An array first picks torch's array handler: the error still names the mix.
+    with pytest.raises(TypeError, match="mixes Frame with ndarray at position 0"):
+        frame_collate([(np.zeros((6, 5, 3), np.uint8), 0), (_frame(), 1)])
+    # Arrays alone collate as default_collate does.
+    arrays = [np.full((2, 3), i, np.int64) for i in range(3)]
+    assert torch.equal(frame_collate(arrays), default_collate(arrays))
 
 
 def test_collate_empty_batch_behaves_like_default_collate() -> None:

@@ -17,6 +17,7 @@ torch's caching host allocator.
 
 from __future__ import annotations
 
+import functools
 import threading
 from typing import Any, Sequence
 
@@ -235,6 +236,18 @@ def _collate_frames_body(batch: Any, transform: Any) -> torch.Tensor:
     return out
 
 
+def _collate_arrays(collate_arrays: Any, batch: Any, *, collate_fn_map: Any = None) -> Any:
+    # The batch's first sample picks the handler: arrays then frames would
+    # otherwise fail in torch.as_tensor with "Could not infer dtype of Frame".
+    for index, sample in enumerate(batch):
+        if type(sample) is Frame:
+            raise TypeError(
+                f"frame_collate: batch mixes Frame with {type(batch[0]).__name__} at position 0 "
+                f"(first Frame at position {index})"
+            )
+    return collate_arrays(batch, collate_fn_map=collate_fn_map)
+
+
 def _size(shape: tuple[int, ...]) -> str:
     h, w, c = shape
     return f"{h}x{w} (HxW) with {c} channels"
@@ -323,6 +336,7 @@ def frame_collate(
     # Built per call so that entries installed into torch's map later (the
     # thread adapter wraps its tensor entry) are honoured.
     fn_map = dict(_torch_compat.default_collate_fn_map)
+    fn_map[np.ndarray] = functools.partial(_collate_arrays, fn_map[np.ndarray])
     if normalize is None and dtype is None:
         fn_map[Frame] = _collate_frames
     else:
