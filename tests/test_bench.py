@@ -197,6 +197,18 @@ def test_bad_file_ends_the_run_naming_it(capsys, tmp_path, root_with_bad_files) 
     assert "bad image file" in line and "zz_t" in line and "--skip-bad-files" in line
 
 
+def test_bad_file_the_timed_cells_miss_still_ends_the_run_in_one_line(capsys, tmp_path, small_root) -> None:
+    # The cells read the first batches only; the kernel bound and the Python
+    # time read files past them, where this one lies.
+    require_torchvision()
+    root = copy_root(small_root, tmp_path / "root")
+    (root / "class_001" / "zz_text.jpg").write_text("hello")
+    argv = ["--smoke", "--root", str(root), "--configs", "batch", "--workers", "1", "--batch-size", "2",
+            "--out", str(tmp_path / "out"), "--no-progress"]
+    line = fails(argv, capsys)
+    assert "bad image file" in line and "zz_text.jpg" in line
+
+
 def test_skip_bad_files_keeps_the_run(capsys, tmp_path, root_with_bad_files) -> None:
     argv = ["--smoke", "--root", str(root_with_bad_files), "--configs", "batch", "--workers", "1",
             "--out", str(tmp_path / "out"), "--no-progress", "--skip-bad-files"]

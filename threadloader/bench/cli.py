@@ -345,22 +345,35 @@ def _check_enough(root: Path, images: int, s: dict[str, Any]) -> None:
         )
 
 
-def _on_error(files: list[Path]) -> Any:
-    """The cell-error policy: a bad image ends the run naming the file; anything else marks the row."""
-    scanned: list[tuple[Path, str]] | None = None
+class _BadFiles:
+    """Scans the data, once and only after something failed, for an image that cannot be read."""
 
-    def handle(exc: BaseException, config: str, workers: int, loader: str) -> str:
-        nonlocal scanned
-        log.error("%s w=%d %s failed:\n%s", config, workers, loader,
-                  "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
-        if scanned is None:
-            scanned = find_bad_files(files)
-        if scanned:
-            path, reason = scanned[0]
-            more = f" (and {len(scanned) - 1} more)" if len(scanned) > 1 else ""
+    def __init__(self, files: list[Path]) -> None:
+        self._files = files
+        self._scanned: list[tuple[Path, str]] | None = None
+
+    def check(self) -> None:
+        """Raise the one-line :class:`BenchError` naming a bad image, if the data has one."""
+        if self._scanned is None:
+            self._scanned = find_bad_files(self._files)
+        if self._scanned:
+            path, reason = self._scanned[0]
+            more = f" (and {len(self._scanned) - 1} more)" if len(self._scanned) > 1 else ""
             raise BenchError(
                 f"bad image file {path}: {reason}{more}; rerun with --skip-bad-files to leave unreadable files out"
             ) from None
+
+
+def _log_failure(what: str, exc: BaseException) -> None:
+    log.error("%s failed:\n%s", what, "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+
+
+def _on_error(bad: _BadFiles) -> Any:
+    """The cell-error policy: a bad image ends the run naming the file; anything else marks the row."""
+
+    def handle(exc: BaseException, config: str, workers: int, loader: str) -> str:
+        _log_failure(f"{config} w={workers} {loader}", exc)
+        bad.check()
         return f"failed: {error_line(exc)}"[:200]
 
     return handle
@@ -410,6 +423,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             files, allowed = _skip_bad(files, not args.no_progress)
         _check_classes(root, files)
         _check_enough(root, len(files), s)
+        bad = _BadFiles(files)
         import_torchvision_or_fail()
         log.info("data root %s (%d images) ready in %.1f s; settings %s", root, len(files), time.perf_counter() - t0, s)
         loaders = [name for name in ALL_LOADERS if name != THREADS_IN_PROCESSES or supports_worker_processes()]
@@ -436,7 +450,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                     root, configs=s["configs"], workers=s["workers"], batch_size=s["batch_size"],
                     max_batches=s["max_batches"], warmup_batches=s["warmup"], size=s["size"], device=args.device,
                     loaders=loaders, progress=not args.no_progress, worker_processes=args.worker_processes,
-                    is_valid_file=allowed, on_row=keep, on_error=_on_error(files),
+                    is_valid_file=allowed, on_row=keep, on_error=_on_error(bad),
                 )
             except KeyboardInterrupt:
                 print(f"\ninterrupted: the {len(rows)} rows measured so far are in {out / 'results.csv'}",
@@ -444,16 +458,22 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 if rows:
                     print(format_table(rows, COLUMNS))
                 raise
-        rates, errors = _kernel_bounds(files, s, cores)
+        rates, errors = _kernel_bounds(files, s, cores, bad)
         baselines = {(r["config"], r["workers"]): r["img/s"] for r in rows if r["loader"] == BASELINE}
         for row in kernel_bound_rows(s["configs"], s["workers"], rates, cores, baselines=baselines, errors=errors):
             rows.append(row)
             csv_rows(row)
             log.info("kernel bound %s", row)
-        python_time = python_time_per_image(
-            root, files, size=s["size"], batch_size=s["batch_size"], images=max(4 * s["batch_size"], 128),
-            is_valid_file=allowed,
-        )
+        try:
+            python_time = python_time_per_image(
+                root, files, size=s["size"], batch_size=s["batch_size"], images=max(4 * s["batch_size"], 128),
+                is_valid_file=allowed,
+            )
+        except Exception as e:
+            # It reads files the timed cells may not have reached.
+            _log_failure("the Python time per image", e)
+            bad.check()
+            raise
         csv_rows.close()
         written = _report(rows, python_time, out, s, args.device, root)
         done = True
@@ -481,13 +501,16 @@ _KERNEL_BOUND_RUN: dict[str, tuple[float, int, int | None]] = {
 
 
 def _kernel_bounds(
-    files: list[Path], s: dict[str, Any], cores: int
+    files: list[Path], s: dict[str, Any], cores: int, bad: _BadFiles
 ) -> tuple[dict[int, tuple[float, int]], dict[int, str]]:
     """Measure the kernel alone in k processes once per distinct k = min(workers, cores).
 
     Returns:
         ``(rates, errors)``: k -> ``(img/s, images)`` and, for a measurement
         that failed, k -> its one-line error (also printed on stderr).
+
+    Raises:
+        BenchError: a measurement failed on a bad image (named).
     """
     seconds, rounds, cap = _KERNEL_BOUND_RUN[s["mode"]]
     rates: dict[int, tuple[float, int]] = {}
@@ -497,8 +520,9 @@ def _kernel_bounds(
             rates[k] = kernel_bound_rate(files, s["size"], k, seconds=seconds, rounds=rounds, max_images=cap)
             log.info("kernel bound with %d processes: %.1f img/s over %d images", k, *rates[k])
         except BenchError as e:
-            errors[k] = str(e)
             log.error("%s", e)
+            bad.check()
+            errors[k] = str(e)
             print(f"{PROG}: warning: {e}", file=sys.stderr)
     return rates, errors
 

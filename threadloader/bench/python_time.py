@@ -98,12 +98,17 @@ def _path_minus_native(
         loader = ThreadDataLoader(ds, batch_size=batch_size, sampler=indices, num_workers=1,
                                   collate_fn=frame_collate)
         it = iter(loader)
-        next(it)  # thread start-up and first-call costs are not per image
-        start = time.perf_counter()
-        for _ in it:
-            pass
-        path_s = min(path_s, (time.perf_counter() - start) / n)
-        del it, loader
+        try:
+            next(it)  # thread start-up and first-call costs are not per image
+            start = time.perf_counter()
+            for _ in it:
+                pass
+            path_s = min(path_s, (time.perf_counter() - start) / n)
+        finally:
+            # Joins the worker now: a worker's error keeps the iterator in its
+            # traceback, which the caller may hold for as long as it likes.
+            it._shutdown_workers()
+            del it, loader
         _native_frame_calls(paths[:batch_size], (size, size), batch_size)  # warm-up
         natives.append(_native_frame_calls(paths, (size, size), batch_size))
     return path_s, min(natives), max(natives) - min(natives), n
