@@ -64,6 +64,34 @@ def test_state_after_break_names_the_remaining_batches(num_workers, persistent, 
 
 
 @pytest.mark.parametrize("num_workers,persistent", LOOPS)
+@pytest.mark.parametrize("use_generator", [False, True])
+def test_leaving_at_the_last_batch_shuffles_later_epochs_as_dataloader(num_workers, persistent, use_generator):
+    # break at the last batch, or zip() with a loader as long: the iterator is
+    # dropped without the next() that would run the sampler past its last
+    # yield (RandomSampler's trailing randperm draws from the generator).
+    def run(cls):
+        torch.manual_seed(0)
+        gen = torch.Generator().manual_seed(5) if use_generator else None
+        loader = cls(Squares(8), batch_size=2, shuffle=True, num_workers=num_workers,
+                     persistent_workers=persistent, generator=gen)
+        epochs = []
+        for _ in range(2):
+            seen = []
+            for i, batch in enumerate(loader):
+                seen.append(to_list([batch])[0])
+                if i == len(loader) - 1:
+                    break
+            epochs.append(seen)
+        epochs.append(to_list(pair[1] for pair in zip(cls(range(4), batch_size=2), loader)))
+        epochs.append(to_list(loader))
+        return epochs, torch.rand(2).tolist(), None if gen is None else gen.get_state()
+
+    expected, got = run(DataLoader), run(ThreadDataLoader)
+    assert got[:2] == expected[:2]
+    assert (got[2] is None) == (expected[2] is None) and (got[2] is None or torch.equal(got[2], expected[2]))
+
+
+@pytest.mark.parametrize("num_workers,persistent", LOOPS)
 def test_break_then_a_full_epoch_is_between_epochs(num_workers, persistent):
     loader = ThreadDataLoader(Squares(10), batch_size=2, num_workers=num_workers, persistent_workers=persistent)
     for _ in loader:

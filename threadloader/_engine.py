@@ -651,8 +651,14 @@ class ResumableSingleIter(RecordsProgressOnDrop, SingleProcessDataLoaderIter):
             self._finished = True
             raise
 
-    def progress(self) -> dict[str, Any] | None:
-        """This epoch's checkpoint record, or None once the epoch is over."""
+    def progress(self, *, confirm_end: bool = True) -> dict[str, Any] | None:
+        """This epoch's checkpoint record, or None once the epoch is over.
+
+        Args:
+            confirm_end: when every batch ``len()`` promises was yielded, ask
+                the sampler for one more index to confirm the end, as the next
+                ``next()`` would (False: take ``len()``'s word).
+        """
         if self._finished:
             return None
         if self._epoch_start is None:
@@ -660,11 +666,18 @@ class ResumableSingleIter(RecordsProgressOnDrop, SingleProcessDataLoaderIter):
             # record is where it starts now; resuming it makes the epoch's
             # draws for good ("fresh"), as this iterator would have.
             return progress_record(self._capture_start(), 0, [], self._num_yielded, fresh=True)
-        if self._all_received():
+        if self._all_received(confirm_end):
             return None
         return progress_record(self._epoch_start, self._taken, [], self._num_yielded)
 
-    def _all_received(self) -> bool:
+    def _progress_on_drop(self) -> dict[str, Any] | None:
+        # A dropped iterator (break, or zip() with a loader as long) is never
+        # asked for another index, as DataLoader's is not: stepping its sampler
+        # here would run code after the sampler's last yield (RandomSampler's
+        # trailing randperm moves the generator, and every later shuffle).
+        return self.progress(confirm_end=False)
+
+    def _all_received(self, confirm_end: bool) -> bool:
         # Every batch of a map-style epoch was yielded (a checkpoint at its last
         # batch): the epoch is over, as for the threaded iterator.
         if self._dataset_kind == DatasetKind.Iterable or self._epoch_start is None:
@@ -674,6 +687,8 @@ class ResumableSingleIter(RecordsProgressOnDrop, SingleProcessDataLoaderIter):
                 return False
         except TypeError:  # a sampler without len()
             return False
+        if not confirm_end:
+            return True
         # Confirmed by asking the sampler for one more index, as the next
         # next() would: a sampler may draw before it stops (RandomSampler
         # does), and the RNG state saved with the checkpoint must follow it.

@@ -220,6 +220,10 @@ class RecordsProgressOnDrop:
 
     progress_box: ProgressBox | None = None
 
+    def _progress_on_drop(self) -> dict[str, Any] | None:
+        """The record of an iterator that will never be asked for another batch."""
+        return self.progress()  # type: ignore[attr-defined]
+
     # Bound now: at interpreter exit a module's globals (``sys``) may already
     # be None when the last iterators are collected.
     def __del__(self, _is_finalizing: Any = sys.is_finalizing) -> None:
@@ -227,7 +231,7 @@ class RecordsProgressOnDrop:
         if box is None or _is_finalizing():  # no checkpoint is taken after exit; torch may be torn down
             return
         try:
-            box.record = self.progress()  # type: ignore[attr-defined]
+            box.record = self._progress_on_drop()
         except CheckpointUnavailable as e:
             box.record, box.error = None, e
         except Exception:  # noqa: BLE001 - a half-built iterator, or interpreter exit
