@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import gc
 import inspect
+import itertools
 import multiprocessing
 import random
 import threading
@@ -94,6 +95,24 @@ def test_reinstantiation_from_constructor_arguments():
     assert type(clone) is ThreadDataLoader
     assert sorted(to_list(clone)) == sorted(to_list(loader))
     assert clone.prefetch_factor == 3 and clone.timeout == 5 and clone.in_order is False
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_subclass_may_wrap_the_iterator(num_workers):
+    # Any iterator will do for DataLoader's __iter__, one without weak references included.
+    def limited(base):
+        class Limited(base):
+            def _get_iterator(self):
+                return itertools.islice(super()._get_iterator(), 2)
+        return Limited
+
+    loaders = [limited(cls)(Squares(10), batch_size=2, num_workers=num_workers)
+               for cls in (DataLoader, ThreadDataLoader)]
+    assert to_list(loaders[1]) == to_list(loaders[0])
+    it = iter(loaders[1])
+    next(it)
+    assert loaders[1].state_dict()["epoch"]["consumed_prefix"] == 1  # follows the iterator it built
+    del it
 
 
 def test_multiprocessing_context_is_validated_then_ignored():
