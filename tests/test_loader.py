@@ -821,15 +821,19 @@ def test_a_persistent_iterator_shut_down_serves_no_next_epoch(worker_processes):
         iter(loader)
 
 
-def test_num_workers_made_negative_after_construction_fails_as_in_dataloader():
+@pytest.mark.parametrize("worker_processes", [0, 2])
+@pytest.mark.parametrize("value,error", [(-1, AssertionError), (2.0, TypeError)])
+def test_num_workers_made_invalid_after_construction_fails_as_in_dataloader(worker_processes, value, error):
     errors = []
-    for cls in (DataLoader, ThreadDataLoader):
-        loader = cls(Squares(4), num_workers=2)
-        loader.num_workers = -1
-        with pytest.raises(AssertionError) as info:
+    for cls, kw in ((DataLoader, {}), (ThreadDataLoader, {"worker_processes": worker_processes})):
+        loader = cls(Squares(4), num_workers=2, **kw)
+        loader.num_workers = value
+        with pytest.raises(error) as info:
             iter(loader)
         errors.append(str(info.value))
-    assert errors[0] == errors[1] == "num_workers must be greater than 0 for MultiProcessingDataLoaderIter"
+    assert errors[0] == errors[1]
+    if value == -1:
+        assert errors[0] == "num_workers must be greater than 0 for MultiProcessingDataLoaderIter"
 
 
 # --- shutdown: no leaked threads ------------------------------------------------------------

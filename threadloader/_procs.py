@@ -49,7 +49,6 @@ import signal
 import sys
 import threading
 import time
-import warnings
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
@@ -57,11 +56,11 @@ import numpy as np
 import torch
 import torch.multiprocessing as torch_mp
 
-from . import _context, worker
+from . import _context, _torch_compat, worker
 from ._engine import JOIN_BUDGET_S, ThreadPool
 from ._worker_loop import _CRASHED, _DATA, _DIED, STOPPED_MESSAGE, ProcessDeath, _Config, _drain, pin_task
 from ._torch_compat import ExceptionWrapper
-from .stats import WorkerCounters, _caller_stacklevel
+from .stats import WorkerCounters
 
 __all__ = ["ProcessPool", "check_worker_processes"]
 
@@ -108,7 +107,7 @@ def check_worker_processes(worker_processes: Any, num_workers: int) -> None:
             "worker_processes option could only be specified with worker threads. let num_workers > 0 to "
             "enable them, otherwise set worker_processes to 0."
         )
-    if 0 < worker_processes and worker_processes > num_workers:  # num_workers < 0: the iterator's AssertionError
+    if 0 < worker_processes and 0 <= num_workers < worker_processes:  # num_workers < 0: the iterator's AssertionError
         raise ValueError(
             f"worker_processes option should be at most num_workers (each process runs at least one worker "
             f"thread), but got worker_processes={worker_processes} and num_workers={num_workers}."
@@ -351,9 +350,10 @@ class ProcessPool:
         self.failure: str | None = None
         self._failure_lock = threading.Lock()
         num_workers = cfg.num_workers
-        self._counter_tensor = torch.zeros((num_workers, _BUSY + 1), dtype=torch.float64).share_memory_()
+        workers = range(num_workers)  # first: a float gives DataLoader's TypeError, as with threads
+        self._counter_tensor = torch.zeros((len(workers), _BUSY + 1), dtype=torch.float64).share_memory_()
         array = self._counter_tensor.numpy()
-        self.counters = [ArrayCounters(array, w) for w in range(num_workers)]
+        self.counters = [ArrayCounters(array, w) for w in workers]
         child_cfg = dataclasses.replace(cfg, pin=False, device_index=None)
         # A parent-death signal fires when the *thread* that forked exits: only
         # ask for it when that thread is the main thread (its end is the process's).
@@ -487,7 +487,7 @@ def _start(process: Any) -> None:
     try:
         process.start()
     except (TypeError, AttributeError, pickle.PicklingError):
-        warnings.warn(PICKLE_WARNING, stacklevel=_caller_stacklevel())
+        _torch_compat.warn_as_worker_start(PICKLE_WARNING)
         raise
 
 

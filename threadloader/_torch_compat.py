@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import threading
 import types
+import warnings
 from typing import Any, Callable
 
 import torch
@@ -227,6 +228,23 @@ def check_worker_number_rationality(loader: Any) -> None:
         line = _call_site_line(_dl.DataLoader._get_iterator, "check_worker_number_rationality")
         _rationality_caller = _caller_in_torch(line)
     _rationality_caller(loader.check_worker_number_rationality)
+
+
+_worker_start_caller: Callable[..., Any] | None = None
+
+
+def warn_as_worker_start(message: str) -> None:
+    """Warn ``message`` (UserWarning) where DataLoader's worker-start warnings point.
+
+    The pickle-error warning raised while starting worker processes uses
+    ``stacklevel=2`` inside ``_MultiProcessingDataLoaderIter.__init__``: it
+    points at ``DataLoader._get_iterator``'s line that builds that iterator.
+    """
+    global _worker_start_caller
+    if _worker_start_caller is None:
+        line = _call_site_line(_dl.DataLoader._get_iterator, "_MultiProcessingDataLoaderIter")
+        _worker_start_caller = _caller_in_torch(line)
+    _worker_start_caller(warnings.warn, message, UserWarning, 1)
 
 
 def pin_memory(data: Any, device: str | None) -> Any:
