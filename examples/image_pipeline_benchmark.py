@@ -16,8 +16,8 @@ Runs, on one generated ImageFolder (see threadloader.datagen), in one process:
 
     python examples/image_pipeline_benchmark.py --workers 2 --batches 25
 
-Importable: ``main(argv)`` returns the table rows (a smoke test runs it on
-tiny data with ``--quick``).
+Importable: ``main(argv)`` returns the table rows (the test suite runs it on
+tiny data with ``--smoke``).
 """
 
 from __future__ import annotations
@@ -82,10 +82,13 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--batches", type=int, default=25, help="timed batches per contender")
     p.add_argument("--size", type=int, default=224)
-    p.add_argument("--data", type=Path, default=default_cache_dir() / "image-pipeline-benchmark",
-                   help="where the generated ImageFolder is cached (its own folder: ImageFolder takes every subfolder as a class)")
+    p.add_argument("--data", type=Path, default=None,
+                   help="where the generated ImageFolder is cached (its own folder: ImageFolder takes every "
+                        "subfolder as a class; default: a folder named by its parameters under --cache-dir)")
+    p.add_argument("--cache-dir", help="default: $THREADLOADER_CACHE or ~/.cache/threadloader")
     p.add_argument("--images-per-class", type=int, default=100)
-    p.add_argument("--quick", action="store_true", help="tiny data and few batches (smoke test)")
+    p.add_argument("--smoke", "--quick", dest="quick", action="store_true",
+                   help="tiny data and few batches, seconds (--quick is the same)")
     args = p.parse_args(argv)
     if args.workers < 1:
         p.error(f"--workers must be >= 1, got {args.workers}")
@@ -95,8 +98,14 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     if args.quick:
         args.batches, args.batch_size, args.images_per_class, args.size = 2, 4, 4, 32
 
-    root = make_imagenet_like(args.data, num_classes=10, images_per_class=args.images_per_class,
-                              size=(60, 80) if args.quick else (375, 500))
+    image_size = (60, 80) if args.quick else (375, 500)
+    data = args.data
+    if data is None:
+        # One folder per data set: a smoke run must not regenerate the full run's images.
+        base = Path(args.cache_dir).expanduser() if args.cache_dir else default_cache_dir()
+        data = (base / "image-pipeline-benchmark"
+                / f"10x{args.images_per_class}-{image_size[0]}x{image_size[1]}-seed0")
+    root = make_imagenet_like(data, num_classes=10, images_per_class=args.images_per_class, size=image_size)
     s, bs, nw = args.size, args.batch_size, args.workers
     paths = sorted(root.rglob("*.JPEG"))
     pil_ds = ImageFolder(root, transform=T.Compose([T.Resize((s, s)), T.PILToTensor()]))

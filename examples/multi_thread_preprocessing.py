@@ -5,8 +5,8 @@ Four configurations, each adding one stage to the previous one:
 1. decode + resize to 224x224 (one sample per item);
 2. + batching (``default_collate`` / ``frame_collate``);
 3. + normalization to float (DataLoader: ``Normalize`` per sample in the
-   workers; threads: ``to_device(..., "cpu", normalize=...)`` on whole uint8
-   batches, one fused multiply-add);
+   workers; threads: ``frame_collate(normalize=...)`` in the worker threads,
+   one fused multiply-add per batch, never on the consumer thread);
 4. + transfer to the GPU (only with CUDA; threads move uint8 and normalize on
    the GPU, DataLoader moves pinned float32 — 4x the bytes).
 

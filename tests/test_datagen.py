@@ -65,7 +65,7 @@ def test_image_pipeline_benchmark_smoke(tmp_path) -> None:
     spec = importlib.util.spec_from_file_location("image_pipeline_benchmark", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    rows = mod.main(["--quick", "--data", str(tmp_path / "data")])
+    rows = mod.main(["--smoke", "--data", str(tmp_path / "data")])
     keys = {r["key"] for r in rows}
     assert {"1", "2", "2p", "3", "4", "5", "3/1", "2p/1", "3/5"} <= keys
     assert all(r["img_per_s"] > 0 for r in rows)

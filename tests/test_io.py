@@ -479,6 +479,12 @@ def test_bad_arguments_are_value_errors_for_every_format(rgb, fmt) -> None:
         assert not isinstance(info.value, ImageDecodeError), (kwargs, info.value)
     with pytest.raises(ValueError, match="reducing_gap must be 1.0 or greater"):
         RandomResizedCropLoader(32, reducing_gap=0.5)
+    for kwargs in [dict(scale=(0.5,)), dict(scale=(0.9, 0.1)), dict(ratio=None), dict(ratio=("a", 1)),
+                   dict(scale=(float("nan"), 1.0)), dict(ratio=(1, 2, 3))]:
+        name = next(iter(kwargs))
+        with pytest.raises(ValueError, match=f"^{name} must be two numbers \\(min, max\\), got "):
+            RandomResizedCropLoader(32, **kwargs)
+    assert RandomResizedCropLoader(32, scale=[0.5, 1], ratio=np.array([1, 2])).ratio == (1.0, 2.0)
     # NumPy integers are integers.
     assert decode_image(data, size=np.int64(8), crop=np.array([1, 2, 50, 60])).shape == (8, 8, 3)
     assert decode_image(data, size=(np.int32(8), 9)).shape == (8, 9, 3)

@@ -6,8 +6,8 @@ tensor is made per image. :func:`frame_collate` walks a batch exactly like
 ``torch.utils.data.default_collate``; frames at one position become one
 ``(N, H, W, C)`` buffer -- each pending resize runs straight into its slot, other
 frames are copied into theirs once -- returned as the ``(N, C, H, W)``
-channels-last view: the shape, dtype and values a user gets from
-``PILToTensor`` + ``default_collate``. With ``normalize``/``dtype`` the batch is
+channels-last view: the shape and dtype a user gets from ``PILToTensor`` +
+``default_collate``, and values within one level of them. With ``normalize``/``dtype`` the batch is
 converted to floats too, in the calling (worker) thread.
 
 Batch buffers come from a pool (:mod:`threadloader._pool`) and are reused only

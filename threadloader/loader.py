@@ -25,9 +25,11 @@ class ThreadDataLoader(DataLoader[_T_co]):
     The signature, argument validation, samplers, ``len()``, errors and
     warnings are DataLoader's own (this is a subclass; torch checks the
     arguments). What changes is how batches are produced when
-    ``num_workers > 0``: ``num_workers`` threads share the dataset object (no
-    copy, no pickling), fetch samples in parallel, collate in the worker, and
-    the batches come out in sampler order (or as ready with ``in_order=False``).
+    ``num_workers > 0``: ``num_workers`` threads each take a shallow copy of
+    the dataset (``copy.copy``: what it holds is shared, nothing is pickled),
+    each fetches and collates whole batches (task i to worker i mod
+    ``num_workers``, as DataLoader's round robin), and the batches come out in
+    sampler order (or as ready with ``in_order=False``).
     ``num_workers=0`` loads in the calling thread, exactly as DataLoader does.
 
     ``worker_processes=P`` (keyword-only, default 0) spreads the
@@ -219,7 +221,11 @@ class ThreadDataLoader(DataLoader[_T_co]):
         restores the global RNG to its state at checkpoint time.
 
         Raises:
-            ValueError: ``state_dict`` is not a ThreadDataLoader state.
+            ValueError: ``state_dict`` is not a ThreadDataLoader state (or a
+                malformed one), or records a position inside an epoch of a
+                loader built differently (batch size, length, ...).
+            threadloader.state.CheckpointUnavailable: the state records that
+                its epoch could not be checkpointed (see :meth:`state_dict`).
         """
         plan = _state.plan_from_state(self, state_dict)
         if self._iterator is not None:  # a persistent iterator of an older position

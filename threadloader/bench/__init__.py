@@ -13,11 +13,13 @@ processes; DataLoader's processes running the frame kernel (``decode_image`` +
 ``frame_collate``); ThreadDataLoader running that kernel in threads; the same
 spread over ``worker_processes=P`` child processes (where ThreadDataLoader has
 that keyword); and the kernel bound, measured: the kernel alone in k =
-min(workers, cores) independent processes at once, one thread each, their
-rates summed. Worker counts go up to twice the cores.
+min(workers, cores) independent processes at once, one thread each, all
+their images over the span from the first start to the last end. Worker
+counts go up to twice the cores.
 
-Throughput is warm: the first ``--warmup`` batches (worker start-up, first
-reads) are not timed; the time to the first batch is reported on its own.
+Throughput is warm: the first ``--warmup`` batches, and never fewer than
+the in-flight depth (2 x workers samples or batches: what was made before
+the clock could start), are not timed; the time to the first batch is reported on its own.
 A run too short to time one batch after warm-up gets no rate. The Python time
 per image of the frame path (its single-thread time minus that of its native
 calls alone) is printed below the table.

@@ -195,7 +195,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--workers", type=parse_workers, help="worker counts, e.g. 1,2,4 (default: powers of two up to twice the cores)")
     parser.add_argument("--batch-size", type=positive_int, default=None, help="images per batch (default 32)")
     parser.add_argument("--max-batches", type=positive_int, default=None, help="timed batches per run (default 20)")
-    parser.add_argument("--warmup", type=non_negative_int, default=1, help="batches not timed at the start of each run (default 1)")
+    parser.add_argument("--warmup", type=non_negative_int, default=1, help="batches not timed at the start of each run, and never fewer than the in-flight depth, 2 x workers (default 1)")
     parser.add_argument("--size", type=image_side, default=None, help="output image side (default 224; 64 with --smoke)")
     parser.add_argument("--configs", type=parse_configs, default=None,
                         help=f"comma-separated subset of {','.join(CONFIGS)} (default: all; gpu needs CUDA)")

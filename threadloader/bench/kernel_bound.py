@@ -1,4 +1,4 @@
-"""The kernel bound: the frame kernel alone in k independent processes at once, rates summed.
+"""The kernel bound: the frame kernel alone in k independent processes at once.
 
 What k single-thread workers could reach with nothing but the per-image work
 (decode + resize): no loader, no hand-offs, no shared address space. Each of k

@@ -68,7 +68,7 @@ BASELINE = "DataLoader"
 PROCESS_KERNEL = "DataLoader + kernel"
 THREADS = "ThreadDataLoader"
 THREADS_IN_PROCESSES = "ThreadDataLoader, processes"
-#: Not a loader: the frame kernel alone in min(workers, cores) processes at once, rates summed.
+#: Not a loader: the frame kernel alone in min(workers, cores) processes at once (bench/kernel_bound.py).
 KERNEL_BOUND = "kernel bound"
 
 #: The two loaders of the original comparison (and the default of run_comparison).

@@ -44,6 +44,7 @@ def load_npy(data: Any) -> np.ndarray:
         ``numpy.load(io.BytesIO(data))``.
 
     Raises:
+        TypeError: ``data`` is not a bytes-like object.
         ValueError: bad magic, unsupported version, malformed header,
             truncated data, or an object dtype (needs pickle, refused as
             ``numpy.load(allow_pickle=False)`` refuses it).
@@ -151,6 +152,7 @@ def load_npz(data: Any) -> dict[str, Any]:
         them. Every member's CRC is checked, as ``numpy.load`` does.
 
     Raises:
+        TypeError: ``data`` is not a bytes-like object.
         ValueError: not a zip file, truncated or corrupt members, encrypted
             members, or any :func:`load_npy` error (naming the member).
     """

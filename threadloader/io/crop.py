@@ -9,6 +9,7 @@ smallest DCT scale the crop allows, and only the crop (see
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
@@ -82,6 +83,17 @@ def _aligned(crop: tuple[int, int, int, int], f: int, height: int, width: int) -
             and (right == width or right % f == 0))
 
 
+def _min_max(value: Any, name: str) -> tuple[float, float]:
+    """``value`` as a ``(min, max)`` pair of floats, or a one-line ValueError."""
+    try:
+        low, high = (float(v) for v in value)
+    except (TypeError, ValueError):
+        low = high = math.nan
+    if not low <= high:  # also NaN, and what did not unpack
+        raise ValueError(f"{name} must be two numbers (min, max), got {value!r}")
+    return low, high
+
+
 class RandomResizedCropLoader:
     """Loader doing torchvision's ``RandomResizedCrop`` while decoding.
 
@@ -103,6 +115,10 @@ class RandomResizedCropLoader:
             global RNG elsewhere (as torchvision does). A generator passed here
             is shared by every thread that calls the loader.
         reducing_gap, fastdct, fastupsample: as for :func:`decode_image`.
+
+    Raises:
+        ValueError: a bad ``size`` or ``reducing_gap`` (as :func:`decode_image`),
+            or ``scale``/``ratio`` not two numbers ``(min, max)``.
     """
 
     def __init__(
@@ -117,10 +133,8 @@ class RandomResizedCropLoader:
         fastupsample: bool = False,
     ) -> None:
         self.size = _pair(size, "size")
-        if scale[0] > scale[1] or ratio[0] > ratio[1]:
-            raise ValueError(f"scale and ratio must be (min, max), got {scale!r} and {ratio!r}")
-        self.scale = (float(scale[0]), float(scale[1]))
-        self.ratio = (float(ratio[0]), float(ratio[1]))
+        self.scale = _min_max(scale, "scale")
+        self.ratio = _min_max(ratio, "ratio")
         self.generator = generator
         self.reducing_gap = _check_reducing_gap(reducing_gap)
         self.fastdct = fastdct
@@ -140,7 +154,8 @@ class RandomResizedCropLoader:
         """Decode ``source`` (path or bytes) with a random resized crop.
 
         Raises:
-            FileNotFoundError, ImageDecodeError: as :func:`decode_image`.
+            FileNotFoundError, OSError, ImageDecodeError, TypeError: as
+                :func:`decode_image`.
         """
         return self.sample(source)[0]
 

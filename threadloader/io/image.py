@@ -10,8 +10,9 @@ Pillow and is converted to RGB as torchvision's ``pil_loader`` does.
 With ``size``, the frame holds the decoded pixels and the pending size: the
 antialiased resize (torch's uint8 kernel, Pillow's ``resize`` to +-1 level)
 runs when the frame is collated -- straight into its slot of the batch -- or
-first read. Everything here is a pure function of its arguments (no
-module-level mutable state), so it is safe to call from many threads at once.
+first read. Safe to call from many threads at once: the only module-level
+state is the decoders' buffer pool (``threadloader._pool``), which is
+thread-safe.
 """
 
 from __future__ import annotations
@@ -465,6 +466,8 @@ def decode_image(
 
     Raises:
         FileNotFoundError: ``source`` is a path that does not exist.
+        OSError: the path cannot be read (a directory, no permission).
+        TypeError: ``source`` is neither a path nor a bytes-like object.
         ImageDecodeError: empty, truncated, corrupt or non-image data (the
             message names the file, or ``<bytes of length N>``).
         ValueError: a bad ``size``, ``crop`` (not four integers, or outside
@@ -490,6 +493,8 @@ def image_size(source: Source) -> tuple[int, int]:
 
     Raises:
         FileNotFoundError: missing path.
+        OSError: the path cannot be read (a directory, no permission).
+        TypeError: ``source`` is neither a path nor a bytes-like object.
         ImageDecodeError: not a readable image.
     """
     return _size_of(_read_source(source), source)
