@@ -594,12 +594,14 @@ class _HelperThreadDraws(Dataset):
 
         def draw():
             info = torch.utils.data.get_worker_info()
-            out["v"] = (torch.rand(()).item(), float(np.random.rand()), info and (info.id, info.seed))
+            out["v"] = (torch.rand(()).item(), float(np.random.rand()), random.random(), info and (info.id, info.seed))
 
+        # The worker draws too: in a process it and its helper share one stream.
+        mine = (torch.rand(()).item(), float(np.random.rand()), random.random())
         t = threading.Thread(target=draw)
         t.start()
         t.join()
-        return out["v"]
+        return mine, out["v"]
 
 
 def test_threads_a_worker_process_starts_draw_from_that_processs_seeded_generators():
@@ -609,4 +611,40 @@ def test_threads_a_worker_process_starts_draw_from_that_processs_seeded_generato
         torch.manual_seed(0)
         out.append(list(cls(_HelperThreadDraws(), batch_size=None, num_workers=2, **kw)))
     assert out[0] == out[1]
-    assert out[1][0][:2] != out[1][1][:2]  # the two processes' streams differ
+    assert out[1][0][1][:2] != out[1][1][1][:2]  # the two processes' streams differ
+    assert out[1][0][0][0] != out[1][0][1][0]  # the helper continues the worker's stream
+
+
+def test_numpy_seed_after_set_bit_generator_in_a_worker():
+    # numpy's module seed() reseeds a non-MT19937 bit generator through its type.
+    def body():
+        np.random.set_bit_generator(np.random.PCG64(1))
+        np.random.seed(5)
+        return np.random.rand(), type(np.random.get_bit_generator()).__name__
+
+    assert _in_worker(body) == (np.random.RandomState(np.random.PCG64(5)).rand(), "PCG64")
+
+
+class _CompiledDraws(Dataset):
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int):
+        return _compiled_augment(torch.full((3,), float(i)))
+
+
+def _augment(x):
+    return (x * 2).sin() + torch.rand(3) + torch.randn(3).cos()
+
+
+_compiled_augment = torch.compile(_augment, backend="eager")
+
+
+@pytest.mark.parametrize("worker_processes", [0, 1])
+def test_torch_compiled_random_function_in_workers_matches_dataloader(worker_processes):
+    # Dynamo traces the routing mode's hook for every op of the compiled function.
+    def batches(cls, **kw):
+        return list(cls(_CompiledDraws(), batch_size=None, num_workers=2,
+                        generator=torch.Generator().manual_seed(3), **kw))
+
+    assert _same(batches(ThreadDataLoader, worker_processes=worker_processes), batches(DataLoader))

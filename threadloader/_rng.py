@@ -155,6 +155,16 @@ def _has_tensor_off_cpu(values: Iterable[Any]) -> bool:
     return any(isinstance(v, torch.Tensor) and v.device.type != "cpu" for v in values)
 
 
+#: False when called, True while torch.compile traces the call (Dynamo folds it).
+_dynamo_compiling = torch.compiler.is_dynamo_compiling
+
+
+@torch.compiler.disable
+def _takes_generator_opaque(func: Any) -> bool:
+    """``func in _TAKES_GENERATOR``, out of torch.compile's sight."""
+    return func in _TAKES_GENERATOR
+
+
 class _RouteRandomOps(TorchFunctionMode):
     """Injects the worker's generator into random ops called without one (CPU only)."""
 
@@ -165,8 +175,18 @@ class _RouteRandomOps(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         # Runs for every torch call in the worker thread: the common path is
-        # one set lookup and the call.
-        if func in self.takes_generator:
+        # one constant call, one set lookup and the call.
+        if _dynamo_compiling():
+            # torch.compile traces this body for every op of a compiled
+            # function; it cannot trace the set (InternalTorchDynamoError).
+            # Names it can: only a random op's name reaches the opaque test,
+            # which breaks the graph there; the op then runs eagerly here and
+            # is routed like any other, and the rest stays compiled.
+            takes = (getattr(func, "__name__", None) in _TAKES_GENERATOR_NAMES
+                     and _takes_generator_opaque(func))
+        else:
+            takes = func in self.takes_generator
+        if takes:
             kwargs = self._with_generator(args, kwargs)
         if kwargs:
             return func(*args, **kwargs)
@@ -316,7 +336,14 @@ def _numpy_special(name: str, original: Callable) -> Callable:
     elif name == "seed":
         def fn(seed=None):
             r = get()
-            return original(seed) if r is default else r.seed(seed)
+            if r is default:
+                return original(seed)
+            # As numpy's module function: a bit generator other than MT19937
+            # (set_bit_generator) is reseeded through its own type.
+            bitgen = r._bit_generator
+            if isinstance(bitgen, _np.random.MT19937):
+                return r.seed(seed)
+            bitgen.state = type(bitgen)(seed).state
     elif name == "get_bit_generator":
         def fn():
             r = get()
@@ -349,6 +376,8 @@ def _numpy_special(name: str, original: Callable) -> Callable:
 _lock = threading.Lock()
 _installed = False
 _TAKES_GENERATOR: frozenset = frozenset()
+#: Their ``__name__``s (what torch.compile can test).
+_TAKES_GENERATOR_NAMES: frozenset = frozenset()
 #: (namespace, attribute, original) for every replaced module attribute.
 _replaced: list[tuple[Any, str, Any]] = []
 _torch_code: dict[str, Any] = {}
@@ -414,11 +443,12 @@ def _replace_module_functions() -> None:
 
 def install() -> None:
     """Route the global RNG API of worker threads to their own generators (idempotent)."""
-    global _installed, _TAKES_GENERATOR
+    global _installed, _TAKES_GENERATOR, _TAKES_GENERATOR_NAMES
     with _lock:
         if _installed:
             return
         _TAKES_GENERATOR = _functions_taking_generator()
+        _TAKES_GENERATOR_NAMES = frozenset(getattr(f, "__name__", None) for f in _TAKES_GENERATOR) - {None}
         _swap_torch_functions()
         _replace_module_functions()
         _installed = True

@@ -44,19 +44,28 @@ def enter_worker(worker_id: int, num_workers: int, base_seed: int, dataset: Any,
         base_seed: the seed the iterator drew from the loader's generator.
         dataset: the dataset the worker reads (its :func:`worker_dataset`).
         process_wide: the worker is the only one in its (child) process: its
-            info is also the process's, so threads it starts see it, as in a
-            DataLoader worker process.
+            info is also the process's, and its draws come from the process's
+            generators (seeded by :func:`seed_process`), so threads it starts
+            see both, as in a DataLoader worker process.
 
     Returns:
         The ``WorkerInfo`` now returned by ``get_worker_info()`` in this thread.
     """
     gens = _rng.WorkerGenerators(base_seed, worker_id)
-    rng = _torch_compat.make_rng(gens.random, gens.torch, gens.numpy)
+    if process_wide:
+        # The process's generators, which seed_process seeded as this worker's:
+        # the worker and the threads it starts draw from one stream, as in a
+        # DataLoader worker process (own generators would give the helpers a
+        # second copy of the worker's draws).
+        rng = _torch_compat.make_rng(_rng.PY_SINGLETON, torch.default_generator, gens.numpy)
+    else:
+        rng = _torch_compat.make_rng(gens.random, gens.torch, gens.numpy)
     info = _torch_compat.make_worker_info(worker_id, num_workers, base_seed, dataset, rng)
     _torch_compat.set_thread_worker_info(info)
     if process_wide:
         _torch_compat.set_process_worker_info(info)
-    _rng.enter(gens)
+    else:
+        _rng.enter(gens)
     return info
 
 
