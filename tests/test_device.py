@@ -55,6 +55,15 @@ def test_channels_last_input_view_is_supported() -> None:
     torch.testing.assert_close(out, _reference(x.contiguous()), rtol=1e-5, atol=1e-5)
 
 
+def test_many_image_widths_keep_a_bounded_cache_and_exact_values() -> None:
+    # Images at their native widths: the CPU path's per-width coefficient rows are a bounded cache.
+    transform = ImageTransform(normalize=(MEAN, STD), channels_last=True)
+    for w in range(3, 60):
+        x = _images(n=2, w=w, seed=w)
+        torch.testing.assert_close(transform(x), _reference(x), rtol=1e-5, atol=1e-5)
+        assert len(transform._rows) <= 16
+
+
 def test_mirror_matches_hflip_per_sample() -> None:
     x = _images(n=16)
     g = torch.Generator().manual_seed(3)

@@ -573,6 +573,27 @@ def test_stats_count_the_childrens_work():
     assert 0 < snap["worker_utilization"] <= 1
 
 
+def test_finished_loaders_kept_hold_no_shared_memory():
+    # One loader per shard or validation set, kept for later epochs: each
+    # keeps its stats, which must not keep the pool's shared counters (an fd).
+    def open_fds():
+        gc.collect()
+        return len(os.listdir("/proc/self/fd"))
+
+    def finished():
+        loader = ThreadDataLoader(Squares(8), batch_size=4, num_workers=2, worker_processes=1,
+                                  multiprocessing_context=FORK)
+        assert len(list(loader)) == 2
+        return loader
+
+    finished()  # what the first pool opens for good (multiprocessing's helpers)
+    before = open_fds()
+    kept = [finished() for _ in range(8)]
+    assert open_fds() - before < 4
+    snap = kept[-1].stats().snapshot()
+    assert snap["items_fetched"] == 8 and snap["batches"] == 2  # still readable
+
+
 def test_spawn_start_method():
     loader = ThreadDataLoader(Squares(10), batch_size=3, num_workers=2, worker_processes=1,
                               multiprocessing_context="spawn")

@@ -129,6 +129,10 @@ class ArrayCounters:
     def __init__(self, array: np.ndarray, worker_id: int) -> None:
         self._row = array[worker_id]
 
+    def detach(self, array: np.ndarray, worker_id: int) -> None:
+        """Read and write row ``worker_id`` of ``array`` from now on (the children are gone)."""
+        self._row = array[worker_id]
+
     def _get(col: int, cast: type = float) -> property:  # type: ignore[misc]  # noqa: N805
         def get(self: ArrayCounters) -> Any:
             return cast(self._row[col])
@@ -480,6 +484,13 @@ class ProcessPool:
             # workers either): ``_workers`` must keep answering. Their pipes
             # close when the pool is collected.
         _drain(self.results)
+        # The loader keeps its last stats, and with them these counters: give
+        # them private memory, or each loader kept would hold the shared
+        # array (an open file descriptor) for as long as it lives.
+        private = self._counter_tensor.numpy().copy()
+        for w, counters in enumerate(self.counters):
+            counters.detach(private, w)
+        self._counter_tensor = None
 
 
 def _start(process: Any) -> None:

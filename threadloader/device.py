@@ -35,6 +35,10 @@ import torch
 __all__ = ["to_device", "DeviceLoader", "ImageTransform"]
 
 
+#: Widths whose tiled coefficient rows an ImageTransform keeps (see ImageTransform._tiled).
+_ROWS_KEPT = 16
+
+
 class ImageTransform:
     """Fused uint8 -> float conversion, normalization and per-sample mirroring.
 
@@ -172,7 +176,12 @@ class ImageTransform:
         tiled = self._rows.get(key)
         if tiled is None:
             reps = width if scale.shape[1] > 1 else 1
-            tiled = self._rows[key] = (scale.flatten().repeat(reps), bias.flatten().repeat(reps))
+            tiled = (scale.flatten().repeat(reps), bias.flatten().repeat(reps))
+            if len(self._rows) >= _ROWS_KEPT:
+                # A cache, bounded: images at their native widths would add a
+                # row per width for as long as the transform lives.
+                self._rows.clear()
+            self._rows[key] = tiled
         return tiled
 
     def __call__(self, x: torch.Tensor, flips: torch.Tensor | None = None) -> torch.Tensor:
