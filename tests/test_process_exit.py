@@ -94,3 +94,42 @@ def test_interpreter_exit_with_persistent_workers_alive_does_not_hang():
     assert proc.returncode == 0, err
     # The iterator collected at exit (module globals already None) says nothing.
     assert "Exception ignored" not in err and "Traceback" not in err, err
+
+
+CHILD_MP_EXIT_WITH_LIVE_ITERATOR = textwrap.dedent(
+    """
+    import multiprocessing, sys, torch
+    from torch.utils.data import Dataset
+    from threadloader import ThreadDataLoader
+
+    class Big(Dataset):
+        def __len__(self): return 10**7
+        def __getitem__(self, i): return 0
+        def __getitems__(self, indices): return [0]  # each job costs its (large) index list only
+
+    def body():
+        loader = ThreadDataLoader(Big(), batch_size=10**6, num_workers=1, worker_processes=1,
+                                  multiprocessing_context="fork")
+        it = iter(loader)
+        for _ in it:
+            raise RuntimeError("leaving with the iterator alive")  # the traceback keeps `it`
+
+    if __name__ == "__main__":
+        p = multiprocessing.get_context("fork").Process(target=body)
+        p.start()
+        p.join(30)
+        print("exited" if not p.is_alive() else "hung", p.exitcode, flush=True)
+        if p.is_alive():
+            p.kill()
+    """
+)
+
+
+def test_a_process_exiting_with_a_live_worker_processes_iterator_does_not_hang(tmp_path):
+    # multiprocessing's exit terminates the worker, then joins the job queue's
+    # feeder thread, stuck writing a large index list nobody reads (pytorch#48666,
+    # torch's test_large_sampler_indices): the queue must not be joined.
+    script = tmp_path / "child.py"
+    script.write_text(CHILD_MP_EXIT_WITH_LIVE_ITERATOR)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=_env())
+    assert out.stdout.split() == ["exited", "1"], (out.stdout, out.stderr[-2000:])

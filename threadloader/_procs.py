@@ -325,6 +325,10 @@ class _Child:
         self.index = index
         self.worker_ids = worker_ids
         self.jobs = ctx.Queue()
+        # As DataLoader's index queues: at this process's exit, multiprocessing
+        # must not wait for a feeder thread still writing jobs to a child it
+        # has just terminated (the exit would hang, pytorch#48666).
+        self.jobs.cancel_join_thread()
         self.results = ctx.Queue()
         self.process: Any = None
         self.receiver: threading.Thread | None = None
