@@ -594,6 +594,40 @@ def test_finished_loaders_kept_hold_no_shared_memory():
     assert snap["items_fetched"] == 8 and snap["batches"] == 2  # still readable
 
 
+FD_LIMIT_CHILD = textwrap.dedent(
+    """
+    import resource, sys, torch
+    from torch.utils.data import DataLoader, IterableDataset
+    from threadloader import ThreadDataLoader
+
+    class Tensors(IterableDataset):
+        def __iter__(self):
+            return (torch.randn(2, 2) for _ in range(200))
+
+    cls, kw = (ThreadDataLoader, {"worker_processes": 1}) if sys.argv[1] == "procs" else (DataLoader, {})
+    keep = []  # each received tensor holds a descriptor
+    resource.setrlimit(resource.RLIMIT_NOFILE, (100, 100))
+    try:
+        for t in cls(Tensors(), num_workers=1, multiprocessing_context="fork", **kw):
+            keep.append(t)
+        print("no error")
+    except RuntimeError as e:
+        print(f"RuntimeError: {e}")
+    """
+)
+
+
+def test_running_out_of_file_descriptors_gives_dataloaders_advice():
+    # torch's test_fd_limit_exceeded: not the unpickler's "received 0 items of ancdata".
+    def last_line(which):
+        out = subprocess.run([sys.executable, "-c", FD_LIMIT_CHILD, which], capture_output=True, text=True,
+                             timeout=120)
+        return (out.stdout.strip().splitlines() or [out.stderr[-500:]])[-1]
+
+    ours, theirs = last_line("procs"), last_line("torch")
+    assert ours == theirs and theirs.startswith("RuntimeError: Too many open files. ") and "ulimit -n" in ours
+
+
 def test_spawn_start_method():
     loader = ThreadDataLoader(Squares(10), batch_size=3, num_workers=2, worker_processes=1,
                               multiprocessing_context="spawn")

@@ -36,8 +36,10 @@ parent dies (``PR_SET_PDEATHSIG``).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
+import errno
 import io
 import multiprocessing
 import numbers
@@ -227,6 +229,31 @@ def _unparcel(data: bytes, pid: int) -> Any:
         return _ReceiveError(exc, pid)
 
 
+#: DataLoader's error when a result cannot be received for want of file
+#: descriptors (torch.utils.data.dataloader), word for word.
+TOO_MANY_OPEN_FILES = (
+    "Too many open files. Communication with the workers is no longer possible. Please increase the "
+    "limit using `ulimit -n` in the shell or change the sharing strategy by calling "
+    "`torch.multiprocessing.set_sharing_strategy('file_system')` at the beginning of your code"
+)
+
+#: Files that must still open for a failure not to be blamed on the descriptor limit (DataLoader's margin).
+_FD_MARGIN = 10
+
+
+def _out_of_fds() -> bool:
+    """Whether this process is within :data:`_FD_MARGIN` of its open-files limit, as DataLoader tests it."""
+    import tempfile
+
+    try:
+        with contextlib.ExitStack() as stack:
+            for _ in range(_FD_MARGIN):
+                stack.enter_context(tempfile.TemporaryFile())
+    except OSError as e:
+        return e.errno == errno.EMFILE
+    return False
+
+
 class _ReceiveError(ExceptionWrapper):
     """A result the loader's process could not unpickle: its task raises the unpickling error itself.
 
@@ -241,8 +268,14 @@ class _ReceiveError(ExceptionWrapper):
         if hasattr(exc, "add_note"):  # Python 3.11+
             exc.add_note(f"Raised {where}; the worker process is still running.")
         self.exc: BaseException | None = exc
+        # Checked now, where it failed: received tensors each hold a descriptor.
+        self.out_of_fds = _out_of_fds()
 
     def reraise(self) -> None:
+        if self.out_of_fds:
+            # DataLoader's advice in place of the unpickler's ("received 0 items of ancdata").
+            self.exc = None
+            raise RuntimeError(TOO_MANY_OPEN_FILES) from None
         exc, self.exc = self.exc, None  # raised once; no cycle through this wrapper
         if exc is None:
             super().reraise()
