@@ -424,7 +424,7 @@ def test_the_bench_measures_each_process_count_once(monkeypatch, capsys) -> None
 
     monkeypatch.setattr(cli, "kernel_bound_rate", fake)
     s = {"mode": "smoke", "size": 16, "workers": [1, 2, 3, 4, 8]}
-    rates, errors = cli._kernel_bounds([Path("x.jpg")], s, cores=4)
+    rates, errors = cli._kernel_bounds([Path("x.jpg")], s, cores=4, bad=cli._BadFiles([]))  # no bad image
     assert calls == [1, 2, 3, 4]  # 8 workers share the measurement of 4 (the cores)
     assert rates == {1: (10.0, 7), 2: (20.0, 7), 3: (30.0, 7)} and "OSError: boom" in errors[4]
     assert "warning: kernel bound (4 processes)" in capsys.readouterr().err

@@ -788,6 +788,25 @@ def test_timeout_raises_on_time_while_a_worker_is_stuck():
     assert info.value.__context__ is None and info.value.__cause__ is None  # as DataLoader's
 
 
+class _Delays(Dataset):
+    def __init__(self, delays: dict[int, float], n: int) -> None:
+        self.delays, self.n = delays, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        time.sleep(self.delays.get(i, 0.0))
+        return i
+
+
+def test_timeout_bounds_each_wait_not_the_wait_for_a_batch_in_order():
+    # As DataLoader: task 1 arrives first (1.2 s, kept for later), then task 0
+    # 1.8 s after it; neither wait reaches 2.2 s, their sum does.
+    loader = ThreadDataLoader(_Delays({0: 3.0, 1: 1.2}, 4), batch_size=None, num_workers=2, timeout=2.2)
+    assert list(loader) == [0, 1, 2, 3]
+
+
 def test_timeout_does_not_fire_when_data_arrives():
     assert list(ThreadDataLoader(Slow(3, 0.01), batch_size=None, num_workers=2, timeout=5)) == [0, 1, 2]
 

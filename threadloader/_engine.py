@@ -518,11 +518,12 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
             idx = next(iter(self._stash))  # arrival order
             return (_DATA, idx, *self._stash.pop(idx))
         pool = self._pool
-        deadline = self._deadline()
         t0 = time.perf_counter()
         try:
             while True:
-                kind, gen, idx, worker_id, payload = self._get_message(deadline)
+                # ``timeout`` bounds each wait, as DataLoader's: a message kept
+                # for later (ahead of its turn) or dropped starts a new one.
+                kind, gen, idx, worker_id, payload = self._get_message(self._deadline())
                 if kind == _CRASHED:
                     self._crashed(payload)
                 if kind == _DIED:

@@ -9,7 +9,8 @@ them beside the environment rather than into it, then::
     pip install --target /tmp/suite-deps expecttest pytest-timeout --no-deps
     PYTHONPATH=$PWD:/tmp/suite-deps python tests/torch_suite/run_torch_suite.py \
         /tmp/test_dataloader.py --loader thread --test-timeout 120
-    # the same with --loader torch for the baseline, or --compare for both
+    # the same with --loader torch for the baseline, --loader processes for
+    # worker_processes, or --compare for the baseline and the loader named
 
 The swap is done by a ``sitecustomize`` module placed first on ``PYTHONPATH``
 for the pytest run: it sets ``torch.utils.data.DataLoader`` to
@@ -42,10 +43,42 @@ from threadloader import ThreadDataLoader as _ThreadDataLoader
 _tud.DataLoader = _ThreadDataLoader
 '''
 
+# ``--loader processes``: the same class, whose worker threads run in child
+# processes by default (``worker_processes = min(num_workers, P)``). A subclass,
+# generic and with the keyword's own default, so ``type(loader)(**args)`` and
+# ``DataLoader[T]`` in the tests keep working.
+_SITECUSTOMIZE_PROCESSES = '''\
+# Written by threadloader's tests/torch_suite/run_torch_suite.py.
+import inspect as _inspect
+import os as _os
+import typing as _typing
+import torch.utils.data as _tud
+from threadloader import ThreadDataLoader as _ThreadDataLoader
+
+_P = int(_os.environ.get("THREADLOADER_SUITE_PROCESSES", "2"))
+_T_co = _typing.TypeVar("_T_co", covariant=True)
+
+
+class ProcessesDataLoader(_ThreadDataLoader[_T_co]):
+    def __init__(self, *args, worker_processes=None, **kwargs):
+        if worker_processes is None:
+            n = args[5] if len(args) > 5 else kwargs.get("num_workers", 0)
+            worker_processes = min(n, _P) if isinstance(n, int) and n > 0 else 0
+        super().__init__(*args, worker_processes=worker_processes, **kwargs)
+
+
+ProcessesDataLoader.__init__.__signature__ = _inspect.signature(_ThreadDataLoader.__init__)
+
+
+_tud.DataLoader = ProcessesDataLoader
+'''
+
+_LABELS = {"torch": "DataLoader", "thread": "ThreadDataLoader", "processes": "ThreadDataLoader(worker_processes)"}
+
 
 def run(test_file: Path, loader: str, timeout_s: float, pytest_args: list[str],
         test_timeout_s: float = 0) -> dict[str, str]:
-    """Run the test file under pytest with ``loader`` ('thread' or 'torch').
+    """Run the test file under pytest with ``loader`` ('thread', 'processes' or 'torch').
 
     Returns:
         test id -> outcome ('passed', 'failed', 'error' or 'skipped').
@@ -56,10 +89,10 @@ def run(test_file: Path, loader: str, timeout_s: float, pytest_args: list[str],
         shutil.copy(test_file, work / "test_dataloader.py")
         env = dict(os.environ)
         paths = [str(work)]
-        if loader == "thread":
+        if loader != "torch":
             site = work / "site"
             site.mkdir()
-            (site / "sitecustomize.py").write_text(_SITECUSTOMIZE)
+            (site / "sitecustomize.py").write_text(_SITECUSTOMIZE if loader == "thread" else _SITECUSTOMIZE_PROCESSES)
             paths.insert(0, str(site))
         repo = str(Path(__file__).resolve().parents[2])
         paths.append(repo)
@@ -119,7 +152,9 @@ def summary(label: str, outcomes: dict[str, str]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("test_file", type=Path, help="a copy of torch's test/test_dataloader.py")
-    parser.add_argument("--loader", choices=("thread", "torch"), default="thread")
+    parser.add_argument("--loader", choices=("thread", "processes", "torch"), default="thread",
+                        help="processes: ThreadDataLoader with worker_processes=min(num_workers, P), "
+                             "P from $THREADLOADER_SUITE_PROCESSES (default 2)")
     parser.add_argument("--compare", action="store_true", help="run both loaders and list the differences")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per pytest run")
     parser.add_argument("--test-timeout", type=float, default=0.0,
@@ -132,19 +167,19 @@ def main(argv: list[str] | None = None) -> int:
     args.pytest_args = pytest_args
     if not args.test_file.is_file():
         parser.error(f"no such file: {args.test_file}")
-    loaders = ("torch", "thread") if args.compare else (args.loader,)
+    loaders = ("torch", args.loader if args.loader != "torch" else "thread") if args.compare else (args.loader,)
     results = {}
     for loader in loaders:
         results[loader] = run(args.test_file, loader, args.timeout, args.pytest_args, args.test_timeout)
-        summary("DataLoader" if loader == "torch" else "ThreadDataLoader", results[loader])
+        summary(_LABELS[loader], results[loader])
         not_passed = sorted(k for k, v in results[loader].items() if v in ("failed", "error"))
         for name in not_passed:
             print(f"  {results[loader][name]}: {name}")
     if args.compare:
-        base, ours = results["torch"], results["thread"]
+        base, ours = results[loaders[0]], results[loaders[1]]
         lost = sorted(k for k, v in base.items() if v == "passed" and ours.get(k) != "passed")
         print(f"pass with DataLoader: {sum(v == 'passed' for v in base.values())}; "
-              f"of those pass with ThreadDataLoader: {sum(v == 'passed' for v in base.values()) - len(lost)}")
+              f"of those pass with {_LABELS[loaders[1]]}: {sum(v == 'passed' for v in base.values()) - len(lost)}")
         for name in lost:
             print(f"  differs: {name} ({ours.get(name, 'missing')})")
     return 0
