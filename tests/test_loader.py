@@ -8,6 +8,7 @@ import inspect
 import itertools
 import multiprocessing
 import random
+import re
 import threading
 import time
 import warnings
@@ -744,6 +745,22 @@ def test_dead_worker_is_skipped_after_its_error_as_dataloader_skips_a_dead_proce
     got = outcomes(ThreadDataLoader(_DiesAt(exc), batch_size=None, num_workers=2, timeout=20,
                                      worker_processes=worker_processes))
     assert got == expected
+
+
+class _NeedsArgument(SystemExit):
+    def __init__(self, code, detail):  # pickles, but cannot be rebuilt from its args
+        super().__init__(code)
+
+
+@pytest.mark.parametrize("exc", [SystemExit(threading.Lock()), _NeedsArgument(3, "x")], ids=["unpicklable", "no_unpickle"])
+def test_a_worker_ended_by_an_exception_that_cannot_cross_processes_still_dies_as_dataloaders(exc):
+    # Its death must still reach the consumer (it used to be lost: next() waited
+    # for the dead worker's task for ever), named by the exception's repr.
+    loader = ThreadDataLoader(_DiesAt(exc), batch_size=None, num_workers=2, timeout=20, worker_processes=1)
+    with pytest.raises(RuntimeError) as info:
+        list(loader)
+    assert re.match(r"^DataLoader worker \(thread 0\) exited unexpectedly: ", str(info.value))
+    assert repr(exc) in str(info.value)
 
 
 @pytest.mark.parametrize("worker_processes", [0, 1])

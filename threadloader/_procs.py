@@ -215,6 +215,58 @@ class _Parcel:
         return _unparcel, (data, os.getpid())
 
 
+class WorkerExitStandIn(BaseException):
+    """Stands in the parent for the exception that ended a worker thread in a child process.
+
+    Used when that exception cannot travel (it does not pickle there, or not
+    unpickle here): ``repr()`` gives the original's, so the "exited
+    unexpectedly" error still names it.
+    """
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+class _Death:
+    """The exception that ended a worker thread, as it travels to the parent (see :class:`_Parcel`).
+
+    Its message must arrive whatever the exception holds: a lost one would
+    leave the consumer waiting for that worker's tasks for ever.
+    """
+
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        text = _safe_repr(self.exc)
+        try:
+            return _undeath, (_dumps(self.exc), text)
+        except Exception:  # noqa: BLE001 - unpicklable: its repr travels instead
+            return WorkerExitStandIn, (text,)
+
+
+def _safe_repr(obj: Any) -> str:
+    try:
+        return repr(obj)
+    except Exception:  # noqa: BLE001
+        return f"<{type(obj).__name__} object>"
+
+
+def _undeath(data: bytes, text: str) -> BaseException:
+    """Unpickle a :class:`_Death` (in the parent); one that fails gives its stand-in."""
+    try:
+        exc = ForkingPickler.loads(data)
+    except Exception:  # noqa: BLE001 - e.g. a required __init__ argument
+        return WorkerExitStandIn(text)
+    return exc if isinstance(exc, BaseException) else WorkerExitStandIn(text)
+
+
 def _dumps(obj: Any) -> bytes:
     buf = io.BytesIO()
     ForkingPickler(buf).dump(obj)  # torch's reductions: tensors travel as shared-memory handles
@@ -286,7 +338,8 @@ class _ReceiveError(ExceptionWrapper):
 
 
 class _ParcelQueue:
-    """The child's result queue as its worker threads see it: data payloads travel as :class:`_Parcel`."""
+    """The child's result queue as its worker threads see it: data payloads travel as :class:`_Parcel`,
+    the exceptions that end worker threads as :class:`_Death`."""
 
     __slots__ = ("_queue",)
 
@@ -297,6 +350,8 @@ class _ParcelQueue:
         kind, gen, idx, worker_id, payload = msg
         if kind == _DATA:
             payload = _Parcel(payload, worker_id)
+        elif kind == _DIED:
+            payload = _Death(payload)
         self._queue.put((kind, gen, idx, worker_id, payload))
 
 
