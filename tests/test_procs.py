@@ -12,6 +12,7 @@ import collections
 import gc
 import inspect
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -626,6 +627,62 @@ def test_running_out_of_file_descriptors_gives_dataloaders_advice():
 
     ours, theirs = last_line("procs"), last_line("torch")
     assert ours == theirs and theirs.startswith("RuntimeError: Too many open files. ") and "ulimit -n" in ours
+
+
+KILLED_MID_WRITE_CHILD = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    import multiprocessing.connection as mpc
+    from torch.utils.data import Dataset
+    from threadloader import ThreadDataLoader
+
+    send = mpc.Connection._send
+
+    def half_then(self, buf, write=os.write):
+        # What the OOM killer does to a process writing a large result: half of it is in the pipe.
+        if len(buf) > (1 << 20):
+            send(self, bytes(buf[: len(buf) // 2]))
+            if sys.argv[1] == "killed":
+                os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(8)  # "break": a slow write, cut short when the child exits on stop()
+            return send(self, bytes(buf[len(buf) // 2:]))
+        return send(self, buf)
+
+    class Data(Dataset):
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            mpc.Connection._send = half_then  # in the worker process only
+            if i == 0:
+                time.sleep(0.5)
+            return b"x" * (8 << 20) if i == 1 else b"small"
+
+    loader = ThreadDataLoader(Data(), batch_size=1, num_workers=2, worker_processes=2,
+                              multiprocessing_context="fork", collate_fn=lambda b: b[0])
+    try:
+        for batch in loader:
+            if sys.argv[1] == "break":
+                break
+        print("ended")
+    except RuntimeError as e:
+        print("error:", e)
+    """
+)
+
+
+@pytest.mark.parametrize("how", ["killed", "break"])
+def test_a_child_gone_in_the_middle_of_writing_a_result_hangs_nothing(how):
+    # The receiver reading the cut message gets an end of file: the parent
+    # keeps no copy of the pipe's write end (it used to wait for ever).
+    out = subprocess.run([sys.executable, "-c", KILLED_MID_WRITE_CHILD, how], capture_output=True, text=True,
+                         timeout=60)
+    last = (out.stdout.strip().splitlines() or [out.stderr[-500:]])[-1]
+    if how == "killed":
+        assert re.match(r"error: DataLoader worker \(pid\(s\) \d+\) exited unexpectedly \(killed by signal: SIGKILL\)",
+                        last), last
+    else:
+        assert last == "ended"
 
 
 def test_spawn_start_method():

@@ -467,6 +467,7 @@ class ProcessPool:
                     daemon=True,
                 )
                 _start(child.process)
+                _close_writing_end(child.results)
             for child in self._children:
                 child.receiver = threading.Thread(
                     target=_receive, args=(self, child), name=f"threadloader-receiver-{child.index}", daemon=True
@@ -594,6 +595,19 @@ def _start(process: Any) -> None:
         raise
 
 
+def _close_writing_end(results: Any) -> None:
+    """Close this process's copy of the write end of a child's result queue (the child has its own).
+
+    Then a child that dies in the middle of writing a result leaves its
+    receiver an end of file, not a read that waits for ever for the rest of
+    the message. Closed right after the child started: children started later
+    (and any other process forked from this one) do not inherit it either.
+    """
+    writer = getattr(results, "_writer", None)  # multiprocessing.Queue's end (not public API)
+    if writer is not None:
+        writer.close()
+
+
 def _receive(pool: ProcessPool, child: _Child) -> None:
     """Body of a receiver thread: forward one child's results to the consumer."""
     if pool._pin and pool._device_index is not None:
@@ -619,8 +633,10 @@ def _receive_one(pool: ProcessPool, child: _Child, pid: int) -> bool:
             return False
         return True
     except Exception as exc:  # noqa: BLE001 - the channel itself broke (payloads fail as their task: _Parcel)
-        # A broken pipe is most often a child that just died.
-        if not pool.stopping and not _failed_if_died(pool, child, pid, f": receiving its result failed: {exc!r}"):
+        # A broken pipe is most often a child that just died. A clean end of
+        # file says nothing more than its death (only the child wrote there).
+        detail = "" if isinstance(exc, EOFError) else f": receiving its result failed: {exc!r}"
+        if not pool.stopping and not _failed_if_died(pool, child, pid, detail):
             pool.fail(f"Receiving a result from DataLoader worker process (pid {pid}) failed: {exc!r}")
         return False
     forwarded = not pool.stopping and _forward(pool, child, pid, msg)
