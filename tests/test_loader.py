@@ -16,7 +16,8 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import ConcatDataset, DataLoader, Dataset, IterableDataset, SequentialSampler, Subset
+from torch.utils.data import (ConcatDataset, DataLoader, Dataset, IterableDataset, SequentialSampler, Subset,
+                              get_worker_info)
 
 import threadloader
 from threadloader import ThreadDataLoader
@@ -693,6 +694,52 @@ def test_iterable_dataset_iter_exception_reaches_user():
 
     with pytest.raises(OSError, match="shard missing"):
         next(iter(ThreadDataLoader(Broken(), num_workers=2)))
+
+
+class _FailsFirstIter(IterableDataset):
+    """Each worker's first ``__iter__`` fails (a shard not there yet); later epochs find it."""
+
+    def __init__(self) -> None:
+        self.calls: dict[int, int] = {}  # shared by the worker copies: one count per worker id
+
+    def __iter__(self):
+        info = get_worker_info()
+        self.calls[info.id] = self.calls.get(info.id, 0) + 1
+        if self.calls[info.id] == 1:
+            raise OSError("shard not ready")
+        return iter(range(info.id, 6, info.num_workers))
+
+
+def _failing_init(worker_id):
+    raise RuntimeError("init failed")
+
+
+@pytest.mark.parametrize("case", ["iterable_iter", "map_worker_init_fn"])
+@pytest.mark.parametrize("worker_processes", [0, 1])
+def test_a_persistent_workers_setup_failure_fails_its_epoch_only_as_in_dataloader(case, worker_processes):
+    # DataLoader's persistent workers build their fetcher again when the next epoch starts.
+    def run(cls, **kw):
+        if case == "iterable_iter":
+            dataset, init = _FailsFirstIter(), None
+        else:
+            dataset, init = Squares(6), _failing_init
+        loader = cls(dataset, batch_size=None, num_workers=2, persistent_workers=True, worker_init_fn=init,
+                     multiprocessing_context="fork", **kw)
+        it = iter(loader)
+        first = [type(_raises(lambda: next(it))).__name__ for _ in range(2)]  # each worker's first task
+        return first, sorted(to_list(loader))
+
+    expected = run(DataLoader)
+    assert run(ThreadDataLoader, worker_processes=worker_processes) == expected
+    assert len(expected[1]) == 6  # the second epoch is served in full
+
+
+def _raises(fn):
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001
+        return e
+    return None
 
 
 def test_sampler_exception_reaches_user():

@@ -194,8 +194,36 @@ def pin_task(data: Any, device: str | None, counters: Any, worker_id: int) -> An
     return data
 
 
+class _SetupError:
+    """A worker's set-up failure (``worker_init_fn``, ``IterableDataset.__iter__``) and the epoch it fails.
+
+    A DataLoader worker process reports it for its first task; when persistent
+    workers start a later epoch it builds its fetcher again and serves. Here
+    every task of the epoch the failure is first reported in fails with it
+    (DataLoader's later tasks there fail with an ``UnboundLocalError``), and
+    later epochs are served.
+    """
+
+    __slots__ = ("error", "gen")
+
+    def __init__(self, error: ExceptionWrapper | None = None, gen: int | None = None) -> None:
+        self.error = error
+        self.gen = gen  # the epoch (generation) it fails; None: the first task's
+
+    def for_task(self, gen: int) -> ExceptionWrapper | None:
+        """The error a task of generation ``gen`` gets instead of its data, if any."""
+        if self.error is None:
+            return None
+        if self.gen is None:
+            self.gen = gen
+        elif gen != self.gen:
+            self.error = None  # a later epoch
+        return self.error
+
+
 def _serve_map(shared: _Shared, cfg: _Config, worker_id: int, init_error: ExceptionWrapper | None) -> None:
-    while _map_step(shared, cfg, worker_id, init_error):
+    setup = _SetupError(init_error)
+    while _map_step(shared, cfg, worker_id, setup):
         pass
 
 
@@ -251,7 +279,7 @@ def _next_task(shared: _Shared, counters: WorkerCounters, worker_id: int) -> Any
     return job
 
 
-def _map_step(shared: _Shared, cfg: _Config, worker_id: int, init_error: ExceptionWrapper | None) -> bool:
+def _map_step(shared: _Shared, cfg: _Config, worker_id: int, setup: _SetupError) -> bool:
     """Serve one map-style task: fetch its samples, collate, post. False: stop.
 
     A function of its own so that its locals (samples, the collated batch)
@@ -266,8 +294,9 @@ def _map_step(shared: _Shared, cfg: _Config, worker_id: int, init_error: Excepti
     # A task of an abandoned epoch (persistent workers) runs all the same, as
     # in a DataLoader worker process: its draws from this worker's random
     # streams must happen whatever the timing. The consumer drops the result.
-    if init_error is not None:
-        shared.post(gen, idx, worker_id, init_error)
+    failed = setup.for_task(gen)
+    if failed is not None:
+        shared.post(gen, idx, worker_id, failed)
         return True
     t0 = time.perf_counter()
     payload = _fetch_map(cfg, index, worker_id)
@@ -290,13 +319,13 @@ class ShortBatch(NamedTuple):
 class _Replica:
     """One worker's IterableDataset iterator and where it stands."""
 
-    __slots__ = ("fetcher", "gen", "ended", "init_error", "collated", "finish_s")
+    __slots__ = ("fetcher", "gen", "ended", "setup", "collated", "finish_s")
 
     def __init__(self, init_error: ExceptionWrapper | None) -> None:
         self.fetcher: Any = None
         self.gen = -1
         self.ended = False
-        self.init_error = init_error
+        self.setup = _SetupError(init_error)
         self.collated = 0  # samples in the batch the fetcher collated last
         self.finish_s = 0.0  # seconds its collate (and pin) took, inside the fetch
 
@@ -323,8 +352,9 @@ def _iterable_step(shared: _Shared, cfg: _Config, worker_id: int, replica: _Repl
     if job is None:
         return False
     idx, gen, index = job
-    if replica.init_error is not None:
-        shared.post(gen, idx, worker_id, replica.init_error)
+    failed = replica.setup.for_task(gen)
+    if failed is not None:
+        shared.post(gen, idx, worker_id, failed)
         return True
     if gen != replica.gen:
         # A new epoch (persistent workers): a fresh replica iterator, as
@@ -333,8 +363,8 @@ def _iterable_step(shared: _Shared, cfg: _Config, worker_id: int, replica: _Repl
         try:
             replica.fetcher = create_fetcher(cfg.kind, cfg.dataset, cfg.auto_collation, collate, cfg.drop_last)
         except Exception:
-            replica.init_error = ExceptionWrapper(where=_where(worker_id, "IterableDataset.__iter__"))
-            shared.post(gen, idx, worker_id, replica.init_error)
+            replica.setup = _SetupError(ExceptionWrapper(where=_where(worker_id, "IterableDataset.__iter__")), gen)
+            shared.post(gen, idx, worker_id, replica.setup.error)
             return True
     if replica.ended:
         return True  # DataLoader's exhausted workers ignore further tasks
