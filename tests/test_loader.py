@@ -742,6 +742,86 @@ def _raises(fn):
     return None
 
 
+class _Proxy:
+    """A ``__getattr__`` that answers from a dict: a KeyError, not an AttributeError, for other names."""
+
+    def __getattr__(self, name):
+        return self.__dict__["cfg"][name]
+
+
+class _ProxySampler(_Proxy, torch.utils.data.Sampler):
+    def __init__(self):
+        self.cfg = {"n": 6}
+
+    def __iter__(self):
+        return iter(range(self.n))
+
+    def __len__(self):
+        return self.n
+
+
+class _ProxyIterable(_Proxy, IterableDataset):
+    def __init__(self):
+        self.cfg = {"n": 4}
+
+    def __iter__(self):
+        info = get_worker_info()
+        return iter(range(0 if info is None else info.id, self.n, 1 if info is None else info.num_workers))
+
+
+class _ProxyCollate(_Proxy):
+    def __init__(self):
+        self.cfg = {}
+
+    def __call__(self, batch):
+        return torch.utils.data.default_collate(batch)
+
+
+class _ProxyInit(_ProxyCollate):
+    def __call__(self, worker_id):
+        pass
+
+
+class _ProxyMap(_Proxy, Dataset):
+    def __init__(self):
+        self.cfg = {}
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return i
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_objects_whose_getattr_raises_other_errors_work_as_in_dataloader(num_workers):
+    # DataLoader never asks these objects for optional attributes; we ask for
+    # epoch/state_dict/generator (resume) and __self__ (rebinding): a proxy's
+    # KeyError for names it does not know must not escape.
+    cases = [dict(dataset=list(range(6)), sampler=_ProxySampler(), batch_size=2),
+             dict(dataset=_ProxyIterable(), batch_size=2),
+             dict(dataset=list(range(4)), batch_size=2, collate_fn=_ProxyCollate()),
+             dict(dataset=list(range(4)), batch_size=2, worker_init_fn=_ProxyInit() if num_workers else None)]
+    for kw in cases:
+        got = sorted(to_list(ThreadDataLoader(num_workers=num_workers, **kw)))
+        assert got == sorted(to_list(DataLoader(num_workers=num_workers, **kw))), kw
+    assert ThreadDataLoader(list(range(6)), sampler=_ProxySampler(), batch_size=2).state_dict()["version"] == 1
+
+
+@pytest.mark.parametrize("worker_processes", [0, 1])
+def test_a_dataset_getattr_raising_fails_each_batch_not_the_worker(worker_processes):
+    # torch's fetcher asks for __getitems__ inside its per-batch try: each batch raises the KeyError.
+    loader = ThreadDataLoader(_ProxyMap(), batch_size=2, num_workers=1, persistent_workers=True,
+                              worker_processes=worker_processes)
+    for _ in range(2):  # and the next epoch runs the same way
+        it = iter(loader)
+        for _ in range(2):
+            with pytest.raises(KeyError, match="__getitems__"):
+                next(it)
+        with pytest.raises(StopIteration):
+            next(it)
+
+
 def test_sampler_exception_reaches_user():
     class BadSampler:
         def __iter__(self):

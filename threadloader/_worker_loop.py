@@ -237,11 +237,13 @@ def _fetch_map(cfg: _Config, index: Any, worker_id: int) -> Any:
             return ExceptionWrapper(where=_where(worker_id, f"dataset index {index!r}"))
     # Asked of this worker's dataset at each fetch, as torch's map fetcher
     # does: a worker_init_fn may give the worker's copy its own __getitems__.
-    if getattr(dataset, "__getitems__", None):
-        try:
-            return dataset.__getitems__(index)
-        except Exception:
-            return ExceptionWrapper(where=_where(worker_id, "__getitems__"))
+    # Inside the try, as there: a __getattr__ that raises fails the batch.
+    try:
+        getitems = getattr(dataset, "__getitems__", None)
+        if getitems:
+            return getitems(index)
+    except Exception:
+        return ExceptionWrapper(where=_where(worker_id, "__getitems__"))
     data = []
     try:
         for i in index:

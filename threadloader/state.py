@@ -27,23 +27,37 @@ from torch.utils.data import BatchSampler, DistributedSampler, IterableDataset, 
 STATE_VERSION = 1
 
 
+def _attr(obj: Any, name: str) -> Any:
+    """``getattr(obj, name, None)``, also None when a ``__getattr__`` raises another error.
+
+    The optional attributes looked for here (``epoch``, ``state_dict``,
+    ``generator``...) are ours to ask for, not DataLoader's: a proxy whose
+    ``__getattr__`` raises ``KeyError`` for names it does not know must work
+    as it does with DataLoader, which never asks.
+    """
+    try:
+        return getattr(obj, name, None)
+    except Exception:  # noqa: BLE001
+        return None
+
+
 def _sampler_objects(loader: Any) -> dict[str, Any]:
     """The sampler-like objects of a loader whose state decides an epoch's order."""
     objs = {"sampler": loader.sampler, "batch_sampler": loader.batch_sampler}
-    inner = getattr(loader.batch_sampler, "sampler", None)
+    inner = _attr(loader.batch_sampler, "sampler")
     if inner is not None and inner is not loader.sampler:
         objs["batch_sampler.sampler"] = inner
     return {k: v for k, v in objs.items() if v is not None}
 
 
 def _has_state(obj: Any) -> bool:
-    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
+    return callable(_attr(obj, "state_dict")) and callable(_attr(obj, "load_state_dict"))
 
 
 def _epoch_of(obj: Any) -> int | None:
     """The epoch of a sampler driven by ``set_epoch`` (DistributedSampler and alike), else None."""
-    epoch = getattr(obj, "epoch", None)
-    if isinstance(epoch, int) and not isinstance(epoch, bool) and callable(getattr(obj, "set_epoch", None)):
+    epoch = _attr(obj, "epoch")
+    if isinstance(epoch, int) and not isinstance(epoch, bool) and callable(_attr(obj, "set_epoch")):
         return epoch
     return None
 
@@ -109,7 +123,7 @@ class EpochStart:
             epoch = _epoch_of(obj)
             if epoch is not None:
                 sampler_epochs[name] = epoch
-            own = getattr(obj, "generator", None)
+            own = _attr(obj, "generator")
             if isinstance(own, torch.Generator) and own is not gen:
                 sampler_generators[name] = own.get_state()
             if _has_state(obj):
@@ -268,7 +282,7 @@ def draws_from_global_rng(loader: Any) -> bool:
     for obj in _sampler_objects(loader).values():
         if isinstance(obj, (SequentialSampler, BatchSampler, DistributedSampler)):
             continue  # no draws, or seeded by seed + epoch
-        if getattr(obj, "generator", None) is loader.generator:
+        if _attr(obj, "generator") is loader.generator:
             continue
         return True
     return False

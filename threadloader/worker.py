@@ -210,7 +210,9 @@ def rebound(fn: Callable | None, original: Any, replica: Any) -> Callable | None
     a worker process, on that process's copy of the dataset; in a worker
     thread they must act on the thread's copy.
     """
-    if replica is not original and getattr(fn, "__self__", None) is original:
+    # A bound method only: any other callable's attributes are not ours to probe
+    # (a callable object's __getattr__ may raise for names it does not know).
+    if replica is not original and isinstance(fn, types.MethodType) and fn.__self__ is original:
         return types.MethodType(fn.__func__, replica)
     return fn
 
