@@ -10,6 +10,8 @@ from __future__ import annotations
 import functools
 import os
 import random
+import subprocess
+import sys
 import threading
 import time
 
@@ -638,6 +640,16 @@ def _augment(x):
 
 
 _compiled_augment = torch.compile(_augment, backend="eager")
+
+
+def test_importing_threadloader_does_not_import_dynamo():
+    # torch._dynamo costs seconds to import, and on a free-threaded build it
+    # imports triton, which turns the GIL back on: only torch.compile may.
+    code = ("import sys, torch\nbefore = 'torch._dynamo' in sys.modules\n"
+            "import threadloader, threadloader.io, threadloader._rng\n"
+            "print(before, 'torch._dynamo' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.stdout.split() == ["False", "False"], out.stderr[-2000:]
 
 
 @pytest.mark.parametrize("worker_processes", [0, 1])

@@ -159,12 +159,6 @@ def _has_tensor_off_cpu(values: Iterable[Any]) -> bool:
 _dynamo_compiling = torch.compiler.is_dynamo_compiling
 
 
-@torch.compiler.disable
-def _takes_generator_opaque(func: Any) -> bool:
-    """``func in _TAKES_GENERATOR``, out of torch.compile's sight."""
-    return func in _TAKES_GENERATOR
-
-
 class _RouteRandomOps(TorchFunctionMode):
     """Injects the worker's generator into random ops called without one (CPU only)."""
 
@@ -178,12 +172,11 @@ class _RouteRandomOps(TorchFunctionMode):
         # one constant call, one set lookup and the call.
         if _dynamo_compiling():
             # torch.compile traces this body for every op of a compiled
-            # function; it cannot trace the set (InternalTorchDynamoError).
-            # Names it can: only a random op's name reaches the opaque test,
-            # which breaks the graph there; the op then runs eagerly here and
-            # is routed like any other, and the rest stays compiled.
-            takes = (getattr(func, "__name__", None) in _TAKES_GENERATOR_NAMES
-                     and _takes_generator_opaque(func))
+            # function; it cannot trace the whole set (InternalTorchDynamoError),
+            # only the few functions of one name. A random op given our
+            # generator breaks the graph (a generator is no graph input): it
+            # runs eagerly, routed like any other; the rest stays compiled.
+            takes = func in _TAKES_GENERATOR_BY_NAME.get(getattr(func, "__name__", None), ())
         else:
             takes = func in self.takes_generator
         if takes:
@@ -376,8 +369,8 @@ def _numpy_special(name: str, original: Callable) -> Callable:
 _lock = threading.Lock()
 _installed = False
 _TAKES_GENERATOR: frozenset = frozenset()
-#: Their ``__name__``s (what torch.compile can test).
-_TAKES_GENERATOR_NAMES: frozenset = frozenset()
+#: The same, by ``__name__`` (what torch.compile can trace).
+_TAKES_GENERATOR_BY_NAME: dict[str, frozenset] = {}
 #: (namespace, attribute, original) for every replaced module attribute.
 _replaced: list[tuple[Any, str, Any]] = []
 _torch_code: dict[str, Any] = {}
@@ -443,12 +436,16 @@ def _replace_module_functions() -> None:
 
 def install() -> None:
     """Route the global RNG API of worker threads to their own generators (idempotent)."""
-    global _installed, _TAKES_GENERATOR, _TAKES_GENERATOR_NAMES
+    global _installed, _TAKES_GENERATOR, _TAKES_GENERATOR_BY_NAME
     with _lock:
         if _installed:
             return
         _TAKES_GENERATOR = _functions_taking_generator()
-        _TAKES_GENERATOR_NAMES = frozenset(getattr(f, "__name__", None) for f in _TAKES_GENERATOR) - {None}
+        by_name: dict[str, set] = {}
+        for fn in _TAKES_GENERATOR:
+            by_name.setdefault(getattr(fn, "__name__", None), set()).add(fn)
+        by_name.pop(None, None)
+        _TAKES_GENERATOR_BY_NAME = {name: frozenset(fns) for name, fns in by_name.items()}
         _swap_torch_functions()
         _replace_module_functions()
         _installed = True
