@@ -131,9 +131,9 @@ class ArrayCounters:
     def __init__(self, array: np.ndarray, worker_id: int) -> None:
         self._row = array[worker_id]
 
-    def detach(self, array: np.ndarray, worker_id: int) -> None:
-        """Read and write row ``worker_id`` of ``array`` from now on (the children are gone)."""
-        self._row = array[worker_id]
+    def detach(self) -> None:
+        """Keep the row in private memory from now on (the children are gone)."""
+        self._row = self._row.copy()
 
     def _get(col: int, cast: type = float) -> property:  # type: ignore[misc]  # noqa: N805
         def get(self: ArrayCounters) -> Any:
@@ -580,9 +580,8 @@ class ProcessPool:
         # The loader keeps its last stats, and with them these counters: give
         # them private memory, or each loader kept would hold the shared
         # array (an open file descriptor) for as long as it lives.
-        private = self._counter_tensor.numpy().copy()
-        for w, counters in enumerate(self.counters):
-            counters.detach(private, w)
+        for counters in self.counters:
+            counters.detach()
         self._counter_tensor = None
 
 
