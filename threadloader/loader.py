@@ -94,8 +94,10 @@ class ThreadDataLoader(DataLoader[_T_co]):
         self.worker_processes = worker_processes
         self._resume_plan: _state.ResumePlan | None = None
         self._pending_plan: _state.ResumePlan | None = None
+        # The latest iterator _get_iterator built, held weakly: the one
+        # state_dict() asks for its progress (a subclass may wrap it, in an
+        # itertools.islice say, and return the wrapper from iter()).
         self._live_iterator: weakref.ref | None = None
-        self._built_iterator: weakref.ref | None = None  # the latest from _get_iterator
         # Where the latest iterator leaves its position when it is dropped
         # (``break`` out of a loop without persistent workers).
         self._progress_box: _state.ProgressBox | None = None
@@ -117,19 +119,13 @@ class ThreadDataLoader(DataLoader[_T_co]):
                     it = super().__iter__()
             finally:
                 self._pending_plan = None
-        try:
-            self._live_iterator = weakref.ref(it)
-        except TypeError:
-            # A subclass's _get_iterator wrapped ours in an iterator that takes
-            # no weak reference (itertools.islice): follow the one we built.
-            self._live_iterator = self._built_iterator
         return it
 
     def __getstate__(self) -> dict[str, Any]:
         # Picklable like DataLoader: the weak reference to the live iterator
         # is process-local (a copy has no iterator of its own yet).
         state = self.__dict__.copy()
-        state["_live_iterator"] = state["_built_iterator"] = None
+        state["_live_iterator"] = None
         state["_progress_box"] = None
         return state
 
@@ -148,7 +144,7 @@ class ThreadDataLoader(DataLoader[_T_co]):
                 it.stats.gil_warned = True  # the GIL warning is given once per loader, not per epoch
             self._last_stats = it.stats
         self._progress_box = it.progress_box = _state.ProgressBox()
-        self._built_iterator = weakref.ref(it)
+        self._live_iterator = weakref.ref(it)
         return it
 
     def stats(self) -> LoaderStats | None:
