@@ -92,6 +92,39 @@ def test_leaving_at_the_last_batch_shuffles_later_epochs_as_dataloader(num_worke
 
 
 @pytest.mark.parametrize("num_workers,persistent", LOOPS)
+@pytest.mark.parametrize("use_generator", [False, True])
+@pytest.mark.parametrize("leave", [True, False])
+def test_a_checkpoint_at_the_last_batch_shuffles_later_epochs_as_dataloader(num_workers, persistent,
+                                                                             use_generator, leave):
+    # The checkpoint asks the sampler whether the epoch is over, as the next
+    # next() would; the live generator must not show that draw before then
+    # (after a break it never does, as with DataLoader).
+    def run(cls):
+        torch.manual_seed(0)
+        gen = torch.Generator().manual_seed(5) if use_generator else None
+        loader = cls(Squares(8), batch_size=2, shuffle=True, num_workers=num_workers,
+                     persistent_workers=persistent, generator=gen)
+        epochs = []
+        for _ in range(2):
+            seen = []
+            for i, batch in enumerate(loader):
+                seen.append(to_list([batch])[0])
+                if i == len(loader) - 1:
+                    if cls is ThreadDataLoader:
+                        assert loader.state_dict()["epoch"] is None
+                        assert loader.state_dict()["epoch"] is None  # asked twice: the same answer
+                    if leave:
+                        break
+            epochs.append(seen)
+        epochs.append(to_list(loader))
+        return epochs, torch.rand(2).tolist(), None if gen is None else gen.get_state()
+
+    expected, got = run(DataLoader), run(ThreadDataLoader)
+    assert got[:2] == expected[:2]
+    assert (got[2] is None) == (expected[2] is None) and (got[2] is None or torch.equal(got[2], expected[2]))
+
+
+@pytest.mark.parametrize("num_workers,persistent", LOOPS)
 def test_break_then_a_full_epoch_is_between_epochs(num_workers, persistent):
     loader = ThreadDataLoader(Squares(10), batch_size=2, num_workers=num_workers, persistent_workers=persistent)
     for _ in loader:

@@ -326,6 +326,18 @@ def test_checkpoint_at_the_last_batch_resumes_at_the_next_epoch(persistent, num_
     assert interrupted(make, 1, 3, at_end=True) == uninterrupted(make)
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_checkpoint_at_the_last_batch_with_a_generator_resumes_at_the_next_epoch(num_workers):
+    # The checkpoint holds the generator after RandomSampler's trailing
+    # randperm (the epoch is over), though the live generator makes that
+    # draw only at the next next() (see test_fidelity_clients).
+    def make():
+        return ThreadDataLoader(Squares(9), batch_size=3, shuffle=True, num_workers=num_workers,
+                                generator=torch.Generator().manual_seed(4))
+
+    assert interrupted(make, 1, 3, at_end=True) == uninterrupted(make)
+
+
 class _TwoSpeedStream(IterableDataset):
     """Worker ``slow`` sleeps before each item: which worker serves which task depends on it."""
 

@@ -53,7 +53,8 @@ from ._torch_compat import (
 )
 from ._worker_loop import (_CRASHED, _DATA, _DIED, _STOPPED, _SYNCED, STOPPED_MESSAGE, SYNC_TASK, ProcessDeath,
                            ShortBatch, _Config, _drain, _Shared, _worker_main, samples_in)
-from .state import EpochStart, RecordsProgressOnDrop, ResumePlan, dataset_state_of, progress_record
+from .state import (DrawsAhead, EpochStart, RecordsProgressOnDrop, ResumePlan, dataset_state_of, generators_of,
+                    progress_record)
 from .stats import LoaderStats, WorkerCounters
 
 #: How long shutdown waits, in total, for threads to finish the user call they
@@ -605,6 +606,7 @@ class ResumableSingleIter(RecordsProgressOnDrop, SingleProcessDataLoaderIter):
         # Batches taken from the sampler: the received ones, and one whose
         # fetch raised (DataLoader goes on with the next; it is not yielded).
         self._taken = 0
+        self._draws_ahead: DrawsAhead | None = None
         if plan is not None:
             self._base_seed = plan.start.base_seed
             plan.start.apply(loader)
@@ -646,6 +648,9 @@ class ResumableSingleIter(RecordsProgressOnDrop, SingleProcessDataLoaderIter):
         return index
 
     def _next_data(self) -> Any:
+        if self._draws_ahead is not None:
+            self._draws_ahead.show()  # the draws a checkpoint asked for ahead of this next()
+            self._draws_ahead = None
         try:
             return super()._next_data()
         except StopIteration:
@@ -690,13 +695,26 @@ class ResumableSingleIter(RecordsProgressOnDrop, SingleProcessDataLoaderIter):
             return False
         if not confirm_end:
             return True
+        if self._draws_ahead is not None:  # asked already (an earlier checkpoint)
+            self._draws_ahead.show()
+            return self._draws_ahead.ended
         # Confirmed by asking the sampler for one more index, as the next
         # next() would: a sampler may draw before it stops (RandomSampler
         # does), and the RNG state saved with the checkpoint must follow it.
+        # The live generators get those draws back only at that next()
+        # (checkpoint_taken, _next_data).
+        generators = generators_of(self._loader)
+        before = [g.get_state() for g in generators]
         try:
             extra = next(self._sampler_iter)
+            self._sampler_iter = itertools.chain([extra], self._sampler_iter)
+            ended = False
         except StopIteration:
-            return True
-        self._sampler_iter = itertools.chain([extra], self._sampler_iter)
-        return False
+            ended = True
+        self._draws_ahead = DrawsAhead(generators, before, ended)
+        return ended
+
+    def checkpoint_taken(self) -> None:
+        if self._draws_ahead is not None:
+            self._draws_ahead.hold_back()
 

@@ -196,18 +196,20 @@ class ThreadDataLoader(DataLoader[_T_co]):
             # again before the first batch), not an older iterator's.
             return _state.make_state(self, self._resume_plan.record())
         it = self._live_iterator() if self._live_iterator is not None else None
-        persistent_base_seed = None
         if it is not None and hasattr(it, "progress"):
-            progress = it.progress()
-            if progress is None and self.persistent_workers and self.num_workers > 0:
-                persistent_base_seed = int(it._base_seed)
-        elif it is None and self._progress_box is not None:
+            try:
+                progress = it.progress()
+                persistent_base_seed = None
+                if progress is None and self.persistent_workers and self.num_workers > 0:
+                    persistent_base_seed = int(it._base_seed)
+                return _state.make_state(self, progress, persistent_base_seed)
+            finally:
+                it.checkpoint_taken()  # random draws made ahead for the checkpoint wait for the next next()
+        if it is None and self._progress_box is not None:
             if self._progress_box.error is not None:
                 raise self._progress_box.error
-            progress = self._progress_box.record  # the iterator was dropped mid-epoch
-        else:
-            progress = None
-        return _state.make_state(self, progress, persistent_base_seed)
+            return _state.make_state(self, self._progress_box.record)  # the iterator was dropped mid-epoch
+        return _state.make_state(self, None)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict`: the next ``iter()`` yields the rest of that epoch.

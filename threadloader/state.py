@@ -238,6 +238,9 @@ class RecordsProgressOnDrop:
         """The record of an iterator that will never be asked for another batch."""
         return self.progress()  # type: ignore[attr-defined]
 
+    def checkpoint_taken(self) -> None:
+        """Called by the loader once a state dict was made from ``progress()``."""
+
     # Bound now: at interpreter exit a module's globals (``sys``) may already
     # be None when the last iterators are collected.
     def __del__(self, _is_finalizing: Any = sys.is_finalizing) -> None:
@@ -250,6 +253,48 @@ class RecordsProgressOnDrop:
             box.record, box.error = None, e
         except Exception:  # noqa: BLE001 - a half-built iterator, or interpreter exit
             box.record = None
+
+
+class DrawsAhead:
+    """Random draws a checkpoint made ahead of time, shown to it and held back from the user.
+
+    A checkpoint at an epoch's last batch asks the sampler whether it is
+    done, as the next ``next()`` would; a sampler may draw before it stops
+    (RandomSampler's trailing ``randperm``). The checkpoint must hold the
+    states after those draws (the epoch is over), but the live generators
+    must not move until that ``next()`` comes: after a ``break`` it never
+    does, as with DataLoader.
+    """
+
+    def __init__(self, generators: list[torch.Generator], before: list[torch.Tensor], ended: bool) -> None:
+        self.ended = ended
+        self._moved = [(g, b, g.get_state()) for g, b in zip(generators, before) if not torch.equal(g.get_state(), b)]
+
+    def show(self) -> None:
+        """The states after the draws (for a checkpoint)."""
+        self._set(before=False)
+
+    def hold_back(self) -> None:
+        """The states before the draws (until the next ``next()``)."""
+        self._set(before=True)
+
+    def _set(self, before: bool) -> None:
+        for g, b, a in self._moved:
+            now, want = (a, b) if before else (b, a)
+            # Only where nothing else drew in between: a generator the user
+            # drew from since is left as it is.
+            if torch.equal(g.get_state(), now):
+                g.set_state(want)
+
+
+def generators_of(loader: Any) -> list[torch.Generator]:
+    """The torch generators a sampler of ``loader`` may draw from (each once)."""
+    found: list[torch.Generator] = []
+    for g in [loader.generator, torch.default_generator,
+              *(_attr(o, "generator") for o in _sampler_objects(loader).values())]:
+        if isinstance(g, torch.Generator) and g.device.type == "cpu" and not any(g is f for f in found):
+            found.append(g)
+    return found
 
 
 @contextlib.contextmanager
