@@ -1049,6 +1049,26 @@ def test_persistent_workers_stop_with_the_loader():
     assert wait_no_worker_threads(2.0) == []
 
 
+def test_threads_started_before_one_fails_to_start_are_stopped(monkeypatch):
+    # Under a thread limit ("can't start new thread") iter() raises, and the
+    # workers already running must not be left waiting for jobs for ever.
+    real_start, calls = threading.Thread.start, []
+
+    def start(thread):
+        if thread.name.startswith("threadloader-worker-"):
+            calls.append(thread.name)
+            if len(calls) == 2:
+                raise RuntimeError("can't start new thread")
+        real_start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    loader = ThreadDataLoader(Squares(10), batch_size=2, num_workers=2)
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        iter(loader)
+    assert len(calls) == 2
+    assert wait_no_worker_threads(2.0) == []
+
+
 def test_stats_report_work():
     loader = ThreadDataLoader(Slow(20, 0.002), batch_size=4, num_workers=2)
     list(loader)

@@ -106,8 +106,14 @@ class ThreadPool:
                              name=f"threadloader-worker-{w}", daemon=True)
             for w in worker_ids
         ]
-        for thread in self._threads:
-            thread.start()
+        started: list[threading.Thread] = []
+        try:
+            for thread in self._threads:
+                thread.start()  # "can't start new thread" under a thread limit
+                started.append(thread)
+        except BaseException:
+            _stop_threads(shared, started)  # the ones running would wait for jobs for ever
+            raise
 
     @property
     def generation(self) -> int:
