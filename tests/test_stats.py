@@ -18,19 +18,38 @@ from threadloader.stats import GIL_CHECK_INTERVAL_S
 from helpers import Slow
 
 
-class PythonLoop(Dataset):
-    """Pure-Python work: holds the GIL the whole time."""
+def _loop(work: int) -> int:
+    x = 0
+    for k in range(work):
+        x += k
+    return x
 
-    def __init__(self, n: int, work: int = 40_000) -> None:
-        self.n, self.work = n, work
+
+def _work_for(seconds: float) -> int:
+    """Loop steps that take about ``seconds`` on this machine."""
+    t0 = time.perf_counter()
+    _loop(100_000)
+    return max(1, int(100_000 * seconds / max(time.perf_counter() - t0, 1e-9)))
+
+
+class PythonLoop(Dataset):
+    """Pure-Python work: holds the GIL the whole time.
+
+    A batch of 4 takes 4 GIL switch intervals (5 ms each) on any machine: a task
+    shorter than one runs to its end once it has the GIL, and the other
+    workers then wait for the GIL outside their fetch, which the check does
+    not count as busy (on a fast machine a fixed loop was that short).
+    """
+
+    def __init__(self, n: int, work: int | None = None) -> None:
+        self.n = n
+        self.work = _work_for(sys.getswitchinterval()) if work is None else work
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, i: int) -> int:
-        x = 0
-        for k in range(self.work):
-            x += k
+        _loop(self.work)
         return i
 
 
