@@ -275,16 +275,20 @@ class _MixedSamples(Dataset):
 
 
 def _collate_outcome(cls, kind: str, num_workers: int, **kw):
+    it = iter(cls(_MixedSamples(kind), batch_size=2, num_workers=num_workers, **kw))
     try:
-        return [(b.dtype, b.tolist()) for b in cls(_MixedSamples(kind), batch_size=2, num_workers=num_workers, **kw)]
+        return [(b.dtype, b.tolist()) for b in it]
     except (TypeError, RuntimeError, AttributeError) as e:
         return type(e), str(e).strip().splitlines()[-1]
+    finally:
+        # Left to the garbage collector in the error's traceback cycle,
+        # DataLoader's iterator takes 5 s to stop its worker.
+        it._shutdown_workers()
 
 
 @functools.lru_cache(maxsize=None)
 def _dataloader_collate_outcome(kind: str):
-    # One worker process: after a collate error DataLoader takes 5 s per
-    # worker to shut down; the batch's typing does not depend on the count.
+    # One worker process: the batch's typing does not depend on the count.
     return _collate_outcome(DataLoader, kind, 1, multiprocessing_context="fork")
 
 
@@ -726,8 +730,13 @@ def test_a_persistent_workers_setup_failure_fails_its_epoch_only_as_in_dataloade
         loader = cls(dataset, batch_size=None, num_workers=2, persistent_workers=True, worker_init_fn=init,
                      multiprocessing_context="fork", **kw)
         it = iter(loader)
-        first = [type(_raises(lambda: next(it))).__name__ for _ in range(2)]  # each worker's first task
-        return first, sorted(to_list(loader))
+        try:
+            first = [type(_raises(lambda: next(it))).__name__ for _ in range(2)]  # each worker's first task
+            return first, sorted(to_list(loader))
+        finally:
+            # Left to the garbage collector after the errors, DataLoader's
+            # persistent iterator takes 5 s per worker to stop.
+            loader._iterator._shutdown_workers()
 
     expected = run(DataLoader)
     assert run(ThreadDataLoader, worker_processes=worker_processes) == expected
@@ -860,14 +869,20 @@ class _DiesAt(Dataset):
         return i
 
 
+@functools.lru_cache(maxsize=None)
+def _dead_worker_dataloader_outcomes() -> tuple:
+    # 5 s: DataLoader's worker status check interval. Run once for the cases below.
+    with no_sigchld_handler():
+        return tuple(outcomes(DataLoader(_DiesAt(SystemExit(3)), batch_size=None, num_workers=2)))
+
+
 @pytest.mark.parametrize("exc", [SystemExit(3), KeyboardInterrupt()], ids=["SystemExit", "KeyboardInterrupt"])
 @pytest.mark.parametrize("worker_processes", [0, 1])
 def test_dead_worker_is_skipped_after_its_error_as_dataloader_skips_a_dead_process(exc, worker_processes):
-    # DataLoader (the oracle, 5 s: its worker status check interval) raises
-    # once where the dead worker's task was due, then goes on with the other
-    # workers' tasks. The iterator used to wait forever for the dead one's.
-    with no_sigchld_handler():
-        expected = outcomes(DataLoader(_DiesAt(SystemExit(3)), batch_size=None, num_workers=2))
+    # DataLoader (the oracle) raises once where the dead worker's task was
+    # due, then goes on with the other workers' tasks. The iterator used to
+    # wait forever for the dead one's.
+    expected = list(_dead_worker_dataloader_outcomes())
     assert expected == [0, 1, "exited", 3, 5, "StopIteration"]
     got = outcomes(ThreadDataLoader(_DiesAt(exc), batch_size=None, num_workers=2, timeout=20,
                                      worker_processes=worker_processes))
