@@ -268,7 +268,8 @@ class DrawsAhead:
 
     def __init__(self, generators: list[torch.Generator], before: list[torch.Tensor], ended: bool) -> None:
         self.ended = ended
-        self._moved = [(g, b, g.get_state()) for g, b in zip(generators, before) if not torch.equal(g.get_state(), b)]
+        after = [g.get_state() for g in generators]
+        self._moved = [(g, b, a) for g, b, a in zip(generators, before, after) if not torch.equal(a, b)]
 
     def show(self) -> None:
         """The states after the draws (for a checkpoint)."""
