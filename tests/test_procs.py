@@ -540,6 +540,30 @@ def test_a_forked_copy_freed_in_a_child_leaves_the_owners_workers_alone():
     assert "can only join a child process" not in proc.stderr
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+@pytest.mark.parametrize("module,name", [
+    ("threadloader.frames", "_publish_lock"),  # held by worker threads as they publish resized frames
+    ("threadloader._intraop", "_lock"),
+    ("threadloader._rng", "_lock"),
+    ("threadloader._torch_compat", "_install_lock"),
+    ("threadloader._turbojpeg", "_lock"),
+])
+def test_a_child_forked_while_another_thread_holds_a_module_lock_starts_with_it_free(module, name):
+    # A fork copies a lock held by another thread as held, and only the forking
+    # thread exists in the child: its first use there waited for ever (a
+    # worker_processes loader started with fork while another loader's
+    # threads ran).
+    import importlib
+
+    lock = getattr(importlib.import_module(module), name)
+    with lock:
+        pid = os.fork()
+        if pid == 0:  # the child: exit at once, whatever happens
+            os._exit(0 if getattr(sys.modules[module], name).acquire(timeout=5) else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
 # --- resume, stats, pinning ---------------------------------------------------------------
 
 @pytest.mark.parametrize("in_order", [True, False])

@@ -29,9 +29,12 @@ from typing import Any
 
 import torch
 
+from ._fork import renew_after_fork
+
 __all__ = ["limit_this_thread", "openmp_runtimes"]
 
 _lock = threading.Lock()
+renew_after_fork(__name__, "_lock")
 _runtimes: list[Any] | None = None
 
 # OpenMP runtimes that torch (or a library beside it) may have loaded.

@@ -38,6 +38,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from . import _torch_compat
+from ._fork import renew_after_fork
 from ._torch_compat import numpy_seed_state
 
 try:
@@ -367,6 +368,7 @@ def _numpy_special(name: str, original: Callable) -> Callable:
 # --- install / uninstall ----------------------------------------------------------
 
 _lock = threading.Lock()
+renew_after_fork(__name__, "_lock")
 _installed = False
 _TAKES_GENERATOR: frozenset = frozenset()
 #: The same, by ``__name__`` (what torch.compile can trace).

@@ -33,6 +33,7 @@ import torch
 from torch._utils import ExceptionWrapper
 
 from . import _context
+from ._fork import renew_after_fork
 from torch.utils.data import dataloader as _dl
 from torch.utils.data._utils import collate as _collate
 from torch.utils.data._utils import pin_memory as _pin
@@ -65,6 +66,7 @@ WorkerInfo = _worker.WorkerInfo
 
 _tls = threading.local()
 _install_lock = threading.Lock()
+renew_after_fork(__name__, "_install_lock")
 _installed = False
 
 

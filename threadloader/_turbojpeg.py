@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from ._fork import renew_after_fork
+
 __all__ = ["available", "decode_region", "library_path"]
 
 # TurboJPEG 3 constants (turbojpeg.h).
@@ -49,6 +51,7 @@ class _Region(ctypes.Structure):
 
 
 _lock = threading.Lock()
+renew_after_fork(__name__, "_lock")
 _loaded: tuple[Any, str | None] | None = None
 
 

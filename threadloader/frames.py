@@ -24,6 +24,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 from . import _torch_compat
+from ._fork import renew_after_fork
 from . import _context
 from ._context import pin_memory_requested
 from ._pool import host_pool
@@ -137,6 +138,7 @@ class Frame:
 
 #: Publishes a pending frame's resized array (``Frame.numpy``): held for a store, never a resize.
 _publish_lock = threading.Lock()
+renew_after_fork(__name__, "_publish_lock")
 
 
 def _deferred(array: np.ndarray, size: tuple[int, int] | None) -> Frame:
