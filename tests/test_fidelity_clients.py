@@ -124,6 +124,58 @@ def test_a_checkpoint_at_the_last_batch_shuffles_later_epochs_as_dataloader(num_
     assert (got[2] is None) == (expected[2] is None) and (got[2] is None or torch.equal(got[2], expected[2]))
 
 
+class _FailsAfterItsLastIndex(torch.utils.data.Sampler):
+    def __len__(self):
+        return 2
+
+    def __iter__(self):
+        yield 0
+        yield 1
+        raise ValueError("the sampler failed after its last index")
+
+
+def test_a_sampler_error_after_its_last_index_is_raised_by_next_not_by_a_checkpoint():
+    # num_workers=0: the checkpoint at the last batch asks the sampler for one
+    # more index; its error belongs to the next next(), as with DataLoader.
+    def run(cls):
+        loader = cls(list(range(2)), batch_size=None, sampler=_FailsAfterItsLastIndex())
+        it = iter(loader)
+        got = [next(it), next(it)]
+        if cls is ThreadDataLoader:
+            assert loader.state_dict()["epoch"] is not None  # not over: the next next() raises
+        with pytest.raises(ValueError, match="failed after its last index"):
+            next(it)
+        return got
+
+    assert run(ThreadDataLoader) == run(DataLoader)
+
+
+def test_a_checkpoint_never_puts_torchs_global_generator_back():
+    # Other threads draw from it at any time: putting its state back would
+    # give them the same numbers again. A sampler drawing from it after its
+    # last index moves it when the checkpoint asks.
+    class DrawsAtTheEnd(torch.utils.data.Sampler):
+        def __len__(self):
+            return 2
+
+        def __iter__(self):
+            yield 0
+            yield 1
+            torch.rand(1)
+
+    loader = ThreadDataLoader(list(range(2)), batch_size=None, sampler=DrawsAtTheEnd())
+    it = iter(loader)
+    next(it), next(it)
+    torch.manual_seed(0)
+    loader.state_dict()
+    after_checkpoint = torch.rand(1)
+    torch.manual_seed(0)
+    torch.rand(1)
+    assert torch.equal(after_checkpoint, torch.rand(1))  # the sampler's draw came first
+    with pytest.raises(StopIteration):
+        next(it)
+
+
 @pytest.mark.parametrize("num_workers,persistent", LOOPS)
 def test_break_then_a_full_epoch_is_between_epochs(num_workers, persistent):
     loader = ThreadDataLoader(Squares(10), batch_size=2, num_workers=num_workers, persistent_workers=persistent)

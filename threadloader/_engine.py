@@ -654,9 +654,12 @@ class ResumableSingleIter(RecordsProgressOnDrop, SingleProcessDataLoaderIter):
         return index
 
     def _next_data(self) -> Any:
-        if self._draws_ahead is not None:
-            self._draws_ahead.show()  # the draws a checkpoint asked for ahead of this next()
+        ahead = self._draws_ahead
+        if ahead is not None:
+            ahead.show()  # the draws a checkpoint asked for ahead of this next()
             self._draws_ahead = None
+            if ahead.error is not None:
+                raise ahead.error  # the sampler's, where DataLoader's next() raises it
         try:
             return super()._next_data()
         except StopIteration:
@@ -711,13 +714,16 @@ class ResumableSingleIter(RecordsProgressOnDrop, SingleProcessDataLoaderIter):
         # (checkpoint_taken, _next_data).
         generators = generators_of(self._loader)
         before = [g.get_state() for g in generators]
+        error = None
         try:
             extra = next(self._sampler_iter)
             self._sampler_iter = itertools.chain([extra], self._sampler_iter)
             ended = False
         except StopIteration:
             ended = True
-        self._draws_ahead = DrawsAhead(generators, before, ended)
+        except Exception as e:  # noqa: BLE001 - raised by the next next(), as DataLoader's is
+            ended, error = False, e
+        self._draws_ahead = DrawsAhead(generators, before, ended, error)
         return ended
 
     def checkpoint_taken(self) -> None:

@@ -263,11 +263,15 @@ class DrawsAhead:
     (RandomSampler's trailing ``randperm``). The checkpoint must hold the
     states after those draws (the epoch is over), but the live generators
     must not move until that ``next()`` comes: after a ``break`` it never
-    does, as with DataLoader.
+    does, as with DataLoader. Only the loader's and its samplers' own
+    generators are held back (:func:`generators_of`); an error the sampler
+    raised instead of ending is kept for that ``next()`` too.
     """
 
-    def __init__(self, generators: list[torch.Generator], before: list[torch.Tensor], ended: bool) -> None:
+    def __init__(self, generators: list[torch.Generator], before: list[torch.Tensor], ended: bool,
+                 error: Exception | None = None) -> None:
         self.ended = ended
+        self.error = error
         after = [g.get_state() for g in generators]
         self._moved = [(g, b, a) for g, b, a in zip(generators, before, after) if not torch.equal(a, b)]
 
@@ -282,18 +286,24 @@ class DrawsAhead:
     def _set(self, before: bool) -> None:
         for g, b, a in self._moved:
             now, want = (a, b) if before else (b, a)
-            # Only where nothing else drew in between: a generator the user
-            # drew from since is left as it is.
+            # Only where nothing else drew in between. These generators are
+            # the loader's own: only another iterator of the loader draws from
+            # them; where one did, its draws are kept and the sampler's lost.
             if torch.equal(g.get_state(), now):
                 g.set_state(want)
 
 
 def generators_of(loader: Any) -> list[torch.Generator]:
-    """The torch generators a sampler of ``loader`` may draw from (each once)."""
+    """The loader's and its samplers' own torch generators (each once).
+
+    Not torch's global generator: other threads draw from it at any time, and
+    putting its state back would hand them the same numbers again. A sampler
+    drawing from it after its last index moves it when a checkpoint asks.
+    """
     found: list[torch.Generator] = []
-    for g in [loader.generator, torch.default_generator,
-              *(_attr(o, "generator") for o in _sampler_objects(loader).values())]:
-        if isinstance(g, torch.Generator) and g.device.type == "cpu" and not any(g is f for f in found):
+    for g in [loader.generator, *(_attr(o, "generator") for o in _sampler_objects(loader).values())]:
+        if (isinstance(g, torch.Generator) and g.device.type == "cpu" and g is not torch.default_generator
+                and not any(g is f for f in found)):
             found.append(g)
     return found
 
