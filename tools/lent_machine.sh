@@ -3,10 +3,10 @@
 # the `device` tool's `run` (under its 600 s limit) and writes its results to
 # $OUT (or ./bench-out when OUT is unset).
 #
-# That machine has torch, torchvision and Pillow but not the JPEG codec. Here,
-# once per session, in the repository root (the wheels stay out of git):
+# That machine has torch, torchvision, Pillow and matplotlib but not the JPEG
+# codec. Here, once per session, in the repository root (.gitignore keeps the
+# wheels out of git, so they travel only when carried):
 #
-#   echo /.whl/ >> .git/info/exclude
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #       --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl simplejpeg turbojpeg
 #
@@ -42,6 +42,8 @@ data=${TMPDIR:-/tmp}/threadloader-lent
 
 case "$mode" in
     bench)
+        # The plot is written last: a missing matplotlib would fail the run after all of it.
+        python3 -c 'import matplotlib' || { echo "matplotlib is missing: carry its wheel too" >&2; exit 1; }
         # 400 generated JPEGs, each under COPIES names: a data set as large as
         # the 16-core runs need, generated in seconds.
         python3 - "$data" "${COPIES:-10}" <<'EOF'
@@ -62,7 +64,7 @@ if not root.is_dir():
 print(root, sum(1 for _ in root.glob("*/*.JPEG")), "files")
 EOF
         python3 -m threadloader bench --root "$data/x${COPIES:-10}" --workers "${WORKERS:-8,16,32}" \
-            --max-batches "${MAX_BATCHES:-100}" --out "$out" --no-progress 2>&1 | tee "$out/bench.log"
+            --max-batches "${MAX_BATCHES:-100}" --out "$out" --no-progress 2>&1 | tee "$out/console.log"
         ;;
     pipeline)
         for p in ${PROCESSES:-4 16}; do
