@@ -304,6 +304,20 @@ def test_pool_is_bounded_and_handles_shape_changes() -> None:
         BufferPool(slack=-1)
 
 
+def test_a_free_block_no_loan_matches_for_long_goes_back() -> None:
+    # One odd size (a huge image decoded once) stayed in the free list for
+    # ever beside a steady working set of other sizes.
+    from threadloader._pool import BufferPool
+
+    pool = BufferPool(slack=4)
+    pool.take((1000,), torch.uint8)  # the odd one, given back at once
+    for _ in range(pool._idle_limit()):
+        pool.take((16,), torch.uint8)  # the working set: one block, reused
+    assert pool.stats()["free_bytes"] == 1000 + 16
+    pool.take((16,), torch.uint8)
+    assert pool.stats() == {"lent": 0, "free": 1, "free_bytes": 16, "reserved": 0}
+
+
 def test_pool_reservation_keeps_more_free_blocks_until_released() -> None:
     from threadloader._pool import BufferPool
 

@@ -31,7 +31,8 @@ from threadloader.io import (
     load_npz,
     random_resized_crop_params,
 )
-from threadloader.io.image import _dct_factor, _is_lossless_jpeg
+from threadloader.io._jpeg_stream import is_lossless as _is_lossless_jpeg
+from threadloader.io.image import _dct_factor
 
 T = require_torchvision("transforms")  # the reference for resize and crops; skips this module without it
 
@@ -346,7 +347,7 @@ def test_file_reads_do_not_trust_a_size_of_zero() -> None:
 
 def _bad_inputs(jpeg: bytes, png: bytes) -> dict[str, tuple[bytes, str]]:
     corrupt = bytearray(jpeg)
-    corrupt[len(jpeg) // 2:len(jpeg) // 2 + 64] = b"\x00" * 64
+    corrupt[len(jpeg) // 2:len(jpeg) // 2 + 64] = b"\xff" * 64  # Pillow refuses it too
     return {
         "empty": (b"", "empty"),
         "text": (b"hello, I am not an image", "not an image"),
@@ -378,6 +379,63 @@ def test_bad_input_errors_name_source_and_reason(case, jpeg, rgb, tmp_path) -> N
             msg = str(info.value)
             assert name in msg and reason in msg, msg
             assert isinstance(info.value, ValueError)
+
+
+def _decodes_like_pil(data: bytes) -> None:
+    """Whole, resized, cropped (bottom rows included) and random-crop decodes agree with Pillow's pixels."""
+    ref = np.array(pil_rgb(data))
+    h, w = ref.shape[:2]
+    assert np.array_equal(decode_image(data).numpy(), ref)
+    assert decode_image(data, size=(8, 8)).shape == (8, 8, 3)
+    assert np.array_equal(decode_image(data, crop=(h - 10, 0, 10, w)).numpy(), ref[h - 10:])
+    whole = RandomResizedCropLoader(8, scale=(1.0, 1.0), ratio=(w / h, w / h))
+    assert whole(data).shape == (8, 8, 3)
+
+
+@pytest.mark.parametrize("mode", ["RGB", "CMYK"])
+def test_bytes_after_the_end_of_image_are_not_read(rgb, mode) -> None:
+    # A Motion Photo carries a video after the JPEG's end: its bytes may look
+    # like a start-of-scan marker, which made the file "truncated".
+    data = encode(rgb, "JPEG", mode) + b"\x00\xff\xda\x00\x0c" + bytes(range(256)) * 4
+    _decodes_like_pil(data)
+
+
+@pytest.mark.parametrize("mode", ["RGB", "CMYK"])
+def test_stray_bytes_before_the_end_marker_decode_as_in_pillow(rgb, mode) -> None:
+    # libjpeg warns "N extraneous bytes before marker 0xd9" and decodes the
+    # whole image (seen in real data sets); a strict decode refused it, and a
+    # crop only when it reached the bottom rows.
+    clean = encode(rgb, "JPEG", mode)
+    data = clean[:-2] + b"\x00" * 16 + b"\xff\xd9"
+    assert np.array_equal(np.array(pil_rgb(data)), np.array(pil_rgb(clean)))
+    _decodes_like_pil(data)
+    with pytest.raises(ImageDecodeError, match="truncated"):  # still refused when the end is cut off
+        decode_image(data[: len(data) // 2] + b"\x00" * 16)
+
+
+def test_jpeg2000_decodes_and_a_truncated_one_is_refused(rgb) -> None:
+    # Its decoder reads the file itself, to the end: that was taken for truncation.
+    data = encode(rgb, "JPEG2000")
+    assert np.array_equal(decode_image(data).numpy(), np.array(pil_rgb(data)))
+    with pytest.raises(ImageDecodeError):
+        decode_image(data[: len(data) - 10])
+
+
+def test_pillows_decompression_bomb_limit_applies_to_jpegs(rgb, monkeypatch) -> None:
+    # Decoded without Pillow, a JPEG whose header claims 20000 x 20000 pixels
+    # took 1.2 GB before failing; Pillow refuses it from the header.
+    from PIL import Image as PILImage
+
+    data = encode(rgb, "JPEG")  # 120 x 160
+    for mode in ("RGB", "CMYK"):
+        monkeypatch.setattr(PILImage, "MAX_IMAGE_PIXELS", 120 * 160 // 2 - 1)
+        with pytest.raises(ImageDecodeError, match="could be decompression bomb"):
+            decode_image(encode(rgb, "JPEG", mode))
+        with pytest.raises(PILImage.DecompressionBombError):
+            pil_rgb(encode(rgb, "JPEG", mode))
+    monkeypatch.setattr(PILImage, "MAX_IMAGE_PIXELS", 120 * 160 - 1)
+    with pytest.warns(PILImage.DecompressionBombWarning):
+        assert decode_image(data).shape == (120, 160, 3)
 
 
 def test_truncated_png_detected_even_with_load_truncated_images(rgb, monkeypatch) -> None:

@@ -12,7 +12,9 @@ the free list. Nothing is reused earlier, whatever the user keeps.
   the weakref callback may run in any thread.
 * Bounded: the free list keeps at most ``slack`` blocks, plus what running
   loaders have reserved (the oldest go back to the allocator); everything
-  else is in use by someone. A loader reserves its in-flight depth while it
+  else is in use by someone. A free block no request has matched for a
+  while (:meth:`BufferPool._idle_limit` loans) goes back too: one odd size
+  (a panorama, a huge image) must not stay for ever beside the working set. A loader reserves its in-flight depth while it
   runs: blocks handed back at an epoch's end or in a burst are then reused
   instead of being freed and faulted in again (with many worker threads,
   page faults in one address space serialise), and the reservation ends with
@@ -61,7 +63,8 @@ class BufferPool:
         # Reentrant: the weakref callback can run inside take() itself, when
         # an allocation there triggers a garbage collection that frees a batch.
         self._lock = threading.RLock()
-        self._free: list[tuple[int, np.ndarray]] = []  # (nbytes, block), oldest first
+        self._free: list[tuple[int, np.ndarray, int]] = []  # (nbytes, block, loans when freed), oldest first
+        self._loans = 0  # loans made so far (the free blocks' clock)
         # id(weak reference) -> (the reference, nbytes, block); the dict keeps
         # each reference alive (so its callback runs) and its id unique.
         self._lent: dict[int, tuple[weakref.ref, int, np.ndarray]] = {}
@@ -92,6 +95,9 @@ class BufferPool:
                 if free[i][0] == capacity:
                     block = free.pop(i)[1]
                     break
+            self._loans += 1
+            if free and self._loans - free[0][2] > self._idle_limit():
+                del free[0]  # the oldest, unmatched all that time: not part of the working set
             if block is None:
                 block = np.empty(capacity, dtype=np.uint8)
             # A new memoryview per loan, and the array over it: the weak
@@ -111,9 +117,17 @@ class BufferPool:
             entry = self._lent.pop(id(ref), None)
             if entry is None:  # lent before a fork, by the parent
                 return
-            self._free.append(entry[1:])
+            self._free.append((entry[1], entry[2], self._loans))
             if len(self._free) > self.slack + self._reserved:
                 del self._free[0]
+
+    def _idle_limit(self) -> int:
+        """Loans after which a free block nobody asked for is let go (caller holds the lock).
+
+        A working set of blocks, as many as the pool keeps, comes round within
+        a few times that many loans.
+        """
+        return 4 * (self.slack + self._reserved) + 64
 
     def reserve(self, blocks: int) -> Callable[[], None]:
         """Keep up to ``blocks`` more free blocks until the returned function is called.
@@ -153,7 +167,7 @@ class BufferPool:
         """``{"lent": blocks in use, "free": blocks kept, "free_bytes": their size, "reserved": extra blocks kept}``."""
         with self._lock:
             free = list(self._free)
-            return {"lent": len(self._lent), "free": len(free), "free_bytes": sum(n for n, _ in free),
+            return {"lent": len(self._lent), "free": len(free), "free_bytes": sum(e[0] for e in free),
                     "reserved": self._reserved}
 
     def clear(self) -> None:

@@ -32,6 +32,7 @@ __all__ = ["available", "decode_region", "library_path"]
 # TurboJPEG 3 constants (turbojpeg.h).
 _TJINIT_DECOMPRESS = 1
 _TJPARAM_STOPONWARNING = 0
+_TJERR_WARNING = 0
 _TJPARAM_SUBSAMP = 4
 _TJPARAM_JPEGWIDTH = 5
 _TJPARAM_JPEGHEIGHT = 6
@@ -88,6 +89,7 @@ def _bind(path: str) -> Any:
     lib.tj3Decompress8.restype = c_int
     lib.tj3Decompress8.argtypes = [vp, ctypes.c_char_p, ctypes.c_size_t, vp, c_int, c_int]
     lib.tj3GetErrorStr.restype, lib.tj3GetErrorStr.argtypes = ctypes.c_char_p, [vp]
+    lib.tj3GetErrorCode.restype, lib.tj3GetErrorCode.argtypes = c_int, [vp]
     return lib
 
 
@@ -116,7 +118,8 @@ def library_path() -> str | None:
 
 
 def decode_region(
-    data: bytes, factor: int, box: tuple[int, int, int, int], *, fastdct: bool = False, fastupsample: bool = False
+    data: bytes, factor: int, box: tuple[int, int, int, int], *, fastdct: bool = False, fastupsample: bool = False,
+    stop_on_warning: bool = True,
 ) -> np.ndarray:
     """Decode rows ``top:bottom`` and columns ``left:right`` of a JPEG at scale ``1/factor``.
 
@@ -127,13 +130,14 @@ def decode_region(
             inside it.
         fastdct: use the fast, less accurate integer IDCT.
         fastupsample: use the fast (non-smooth) chroma upsampling.
+        stop_on_warning: libjpeg's warnings are errors (False: they are ignored).
 
     Returns:
         ``(bottom - top, right - left, 3)`` uint8 RGB pixels.
 
     Raises:
         RuntimeError: no TurboJPEG 3 library (check :func:`available`).
-        ValueError: corrupt or truncated data (libjpeg warnings are errors).
+        ValueError: corrupt or truncated data (or a libjpeg warning, with ``stop_on_warning``).
     """
     lib = _library()[0]
     if lib is None:
@@ -144,10 +148,12 @@ def decode_region(
         raise MemoryError("tj3Init failed")
     try:
         def check(status: int) -> None:
-            if status != 0:
+            # Without stop-on-warning a warning still fails the call, with
+            # TJERR_WARNING: the output is whole then.
+            if status != 0 and (stop_on_warning or lib.tj3GetErrorCode(handle) != _TJERR_WARNING):
                 raise ValueError(lib.tj3GetErrorStr(handle).decode(errors="replace"))
 
-        lib.tj3Set(handle, _TJPARAM_STOPONWARNING, 1)
+        lib.tj3Set(handle, _TJPARAM_STOPONWARNING, int(stop_on_warning))
         lib.tj3Set(handle, _TJPARAM_FASTDCT, int(fastdct))
         lib.tj3Set(handle, _TJPARAM_FASTUPSAMPLE, int(fastupsample))
         check(lib.tj3DecompressHeader(handle, data, len(data)))

@@ -24,11 +24,13 @@ import numbers
 import os
 import stat
 import struct
-from typing import Any, Sequence, Union
+import warnings
+from typing import Any, Callable, Sequence, Union
 
 import numpy as np
 
 from .. import _turbojpeg
+from . import _jpeg_stream
 from ._codec import jpeg
 from .._pool import decode_pool
 from ..frames import Frame, _deferred
@@ -228,7 +230,7 @@ def _decode_simplejpeg(
     # libjpeg-turbo can neither scale nor crop a lossless JPEG: asked to, it
     # writes full-size rows into the scaled buffer (a heap overflow), or
     # refuses the crop. Those decode whole, at full scale, and are sliced.
-    lossless = (factor > 1 or crop is not None) and _is_lossless_jpeg(data)
+    lossless = (factor > 1 or crop is not None) and _jpeg_stream.is_lossless(data)
     if lossless:
         factor = 1
     if crop is not None and not lossless and _turbojpeg.available():
@@ -239,22 +241,17 @@ def _decode_simplejpeg(
         raw = data if isinstance(data, bytes) else bytes(data)
         # libjpeg stops reading after the crop's last row: check the end of
         # the file here, so that a truncated file is refused as it is below.
-        if not _complete(raw, "JPEG"):
+        if not _jpeg_stream.is_complete(raw):
             raise _fail(src, "corrupt or truncated JPEG (no end-of-image marker after the scan)")
-        try:
-            return _turbojpeg.decode_region(raw, factor, box, fastdct=fastdct, fastupsample=fastupsample)
-        except ValueError as e:
-            raise _fail(src, f"corrupt or truncated JPEG ({e})") from e
+        return _strict_unless_harmless(
+            raw, src, lambda strict: _turbojpeg.decode_region(raw, factor, box, fastdct=fastdct,
+                                                         fastupsample=fastupsample, stop_on_warning=strict))
     out_h, out_w = -(-height // factor), -(-width // factor)
-    try:
-        # strict=True turns libjpeg's recoverable warnings (truncated data,
-        # corrupt segments) into errors: never return a half-decoded image.
-        # min_height/min_width <= 0 mean full scale.
-        arr = jpeg.decode_jpeg(data, colorspace="RGB", fastdct=fastdct, fastupsample=fastupsample,
-                               min_height=out_h if factor > 1 else 0, min_width=out_w if factor > 1 else 0,
-                               buffer=decode_pool.take_bytes(out_h * out_w * 3), strict=True)
-    except ValueError as e:
-        raise _fail(src, f"corrupt or truncated JPEG ({e})") from e
+    # min_height/min_width <= 0 mean full scale.
+    arr = _strict_unless_harmless(data, src, lambda strict: jpeg.decode_jpeg(
+        data, colorspace="RGB", fastdct=fastdct, fastupsample=fastupsample,
+        min_height=out_h if factor > 1 else 0, min_width=out_w if factor > 1 else 0,
+        buffer=decode_pool.take_bytes(out_h * out_w * 3), strict=strict))
     if factor > 1 or crop is not None:
         if arr.shape[:2] == (out_h, out_w):
             sy = sx = 1.0 / factor
@@ -265,36 +262,41 @@ def _decode_simplejpeg(
     return arr
 
 
-#: Start-of-frame markers (SOFn): all of 0xC0..0xCF but DHT, JPG and DAC.
-_SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
-#: Those of the lossless process (SOF3, SOF7, SOF11, SOF15).
-_LOSSLESS_SOF_MARKERS = frozenset({0xC3, 0xC7, 0xCB, 0xCF})
+def _strict_unless_harmless(data: Any, src: Any, decode: Callable[[bool], np.ndarray]) -> np.ndarray:
+    """``decode(strict=True)``, where libjpeg's warnings are errors: never return a half-decoded image.
 
-
-def _is_lossless_jpeg(data: Any) -> bool:
-    """Whether a JPEG's frame is lossless, read from its markers up to the start of frame.
-
-    Walks the marker segments (their payloads, EXIF or ICC data, can hold
-    any bytes, so a search would be fooled), skipping stray bytes between
-    segments as libjpeg does.
+    A warning that leaves the pixels whole (stray bytes before a marker, seen
+    in real data sets; Pillow decodes those files) is let through: the file is
+    decoded again without strictness, once it is known to end properly.
     """
-    if type(data) is not bytes:
-        data = memoryview(data).cast("B")
-    n, i = len(data), 2
-    while i + 4 <= n:
-        if data[i] != 0xFF:  # not a marker: libjpeg skips to the next 0xFF
-            i += 1
-            continue
-        marker = data[i + 1]
-        if marker == 0xFF:  # a fill byte
-            i += 1
-            continue
-        if marker in _SOF_MARKERS:
-            return marker in _LOSSLESS_SOF_MARKERS
-        if marker == 0xDA or marker == 0xD9:  # start of scan, end of image: no frame header met
-            return False
-        i += 2 + ((data[i + 2] << 8) | data[i + 3])
-    return False
+    try:
+        return decode(True)
+    except ValueError as e:
+        if not _jpeg_stream.is_harmless_warning(str(e)) or not _jpeg_stream.is_complete(data):
+            raise _fail(src, f"corrupt or truncated JPEG ({e})") from e
+    try:
+        return decode(False)
+    except ValueError as e:
+        raise _fail(src, f"corrupt or truncated JPEG ({e})") from e
+
+
+def _check_pixel_limit(src: Any, height: int, width: int) -> None:
+    """Pillow's decompression-bomb limit (``PIL.Image.MAX_IMAGE_PIXELS``), for the JPEGs decoded without Pillow.
+
+    Its warning above the limit, its error (here an ImageDecodeError, as from
+    every other format) above twice the limit, before any memory is taken.
+    """
+    from PIL import Image
+
+    limit = Image.MAX_IMAGE_PIXELS
+    pixels = height * width
+    if limit is None or pixels <= limit:
+        return
+    if pixels > 2 * limit:
+        raise _fail(src, f"Image size ({pixels} pixels) exceeds limit of {2 * limit} pixels, "
+                         "could be decompression bomb DOS attack.")
+    warnings.warn(f"Image size ({pixels} pixels) exceeds limit of {limit} pixels, "
+                  "could be decompression bomb DOS attack.", Image.DecompressionBombWarning, stacklevel=4)
 
 
 def _complete(data: Any, fmt: str | None) -> bool:
@@ -303,11 +305,9 @@ def _complete(data: Any, fmt: str | None) -> bool:
     Pillow can be told globally (``ImageFile.LOAD_TRUNCATED_IMAGES``) to return
     truncated images padded with grey; this check does not depend on it.
     """
-    raw = bytes(data) if not isinstance(data, bytes) else data
     if fmt in ("JPEG", "MPO"):
-        # The last end-of-image marker must follow the last start-of-scan
-        # marker (entropy-coded data cannot contain either).
-        return raw.rfind(b"\xff\xd9") > raw.rfind(b"\xff\xda")
+        return _jpeg_stream.is_complete(data)
+    raw = bytes(data) if not isinstance(data, bytes) else data
     if fmt == "PNG":
         return raw.rfind(b"IEND") > raw.rfind(b"IDAT")
     return True
@@ -372,7 +372,9 @@ def _decode_pillow(data: Any, src: Any, crop: Sequence[int] | None) -> np.ndarra
             if crop is not None:
                 top, left, h, w = _check_crop(crop, im.height, im.width, src)
             im.load()
-            if fp.ran_out:
+            # JPEG 2000's decoder reads the file itself, to its end, and
+            # raises on a truncated one ("broken data stream").
+            if fp.ran_out and im.format != "JPEG2000":
                 raise _fail(src, f"truncated {im.format} data")
             if crop is not None:
                 im = im.crop((left, top, left + w, top + h))
@@ -399,6 +401,7 @@ def _decode_data(
     arr = None
     if _is_jpeg(data):
         header = _jpeg_header(data, src)
+        _check_pixel_limit(src, header[0], header[1])
         if header[2] not in ("CMYK", "YCCK"):  # Adobe CMYK needs Pillow's inversion handling
             arr = _decode_simplejpeg(data, src, header, size, crop, reducing_gap, fastdct, fastupsample)
         else:
@@ -418,10 +421,7 @@ def _check_jpeg_data(data: Any, src: Any) -> None:
     Pillow's libjpeg only warns about a scan cut short (and pads it with
     grey); a strict decode, as of every RGB file, makes that an error.
     """
-    try:
-        jpeg.decode_jpeg(data, colorspace="CMYK", strict=True)
-    except ValueError as e:
-        raise _fail(src, f"corrupt or truncated JPEG ({e})") from e
+    _strict_unless_harmless(data, src, lambda strict: jpeg.decode_jpeg(data, colorspace="CMYK", strict=strict))
 
 
 def _jpeg_header(data: Any, src: Any) -> tuple:

@@ -1,0 +1,86 @@
+"""What a JPEG's bytes say before (or besides) decoding: its frame type, whether its scans end, and
+which of libjpeg's warnings leave the pixels whole.
+
+The marker walks skip segment payloads by their lengths (EXIF, ICC or
+thumbnail data may hold any bytes, so a search would be fooled) and stray
+bytes between segments, as libjpeg does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["is_complete", "is_harmless_warning", "is_lossless"]
+
+#: Start-of-frame markers (SOFn): all of 0xC0..0xCF but DHT, JPG and DAC.
+_SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+#: Those of the lossless process (SOF3, SOF7, SOF11, SOF15).
+_LOSSLESS_SOF_MARKERS = frozenset({0xC3, 0xC7, 0xCB, 0xCF})
+
+
+def _as_bytes_like(data: Any) -> Any:
+    return data if type(data) is bytes else memoryview(data).cast("B")
+
+
+def is_lossless(data: Any) -> bool:
+    """Whether a JPEG's frame is lossless, read from its markers up to the start of frame."""
+    data = _as_bytes_like(data)
+    n, i = len(data), 2
+    while i + 4 <= n:
+        if data[i] != 0xFF:  # not a marker: libjpeg skips to the next 0xFF
+            i += 1
+            continue
+        marker = data[i + 1]
+        if marker == 0xFF:  # a fill byte
+            i += 1
+            continue
+        if marker in _SOF_MARKERS:
+            return marker in _LOSSLESS_SOF_MARKERS
+        if marker == 0xDA or marker == 0xD9:  # start of scan, end of image: no frame header met
+            return False
+        i += 2 + ((data[i + 2] << 8) | data[i + 3])
+    return False
+
+
+def is_complete(data: Any) -> bool:
+    """Whether a JPEG has an end-of-image marker after its first scan begins (a truncation check).
+
+    Header segments are walked by their lengths to the first start of scan;
+    after it, only the end of the image puts 0xFF 0xD9 in the file
+    (entropy-coded data cannot hold it, a damaged scan aside). Bytes after
+    that marker (a Motion Photo's video, any trailer) are not looked at:
+    libjpeg reads none, and they may hold marker-like bytes.
+    """
+    raw = data if type(data) is bytes else bytes(data)
+    n, i = len(raw), 2
+    while i + 4 <= n:
+        if raw[i] != 0xFF:  # stray bytes between segments
+            i += 1
+            continue
+        marker = raw[i + 1]
+        if marker == 0xFF or 0xD0 <= marker <= 0xD7 or marker == 0x01:  # fill byte; markers without a length
+            i += 1 if marker == 0xFF else 2
+            continue
+        if marker == 0xD9:  # an end before any scan: nothing to decode
+            return False
+        i += 2 + ((raw[i + 2] << 8) | raw[i + 3])
+        if marker == 0xDA:
+            return raw.find(b"\xff\xd9", i) >= 0
+    return False
+
+
+#: libjpeg warnings about bytes the decoder skips or ignores: the image is
+#: decoded whole (Pillow gives the same pixels as for the file without them).
+#: The others (a premature end, corrupt entropy-coded data) mean missing or
+#: damaged pixels and stay errors.
+_HARMLESS_WARNINGS = (
+    "extraneous bytes before marker",  # JWRN_EXTRANEOUS_DATA: stray bytes between segments
+    "unknown JFIF revision",  # JWRN_JFIF_MAJOR
+    "Unknown Adobe color transform",  # JWRN_ADOBE_XFORM
+    "bad ICC marker",  # JWRN_BOGUS_ICC: the colour profile is ignored
+)
+
+
+def is_harmless_warning(message: str) -> bool:
+    """Whether a strict decode's error is one of libjpeg's warnings that leave the pixels whole."""
+    return any(w.lower() in message.lower() for w in _HARMLESS_WARNINGS)
