@@ -127,7 +127,7 @@ class ThreadPool:
         """
         if self._shared.stopping:
             raise RuntimeError(STOPPED_MESSAGE)
-        self._shared.put_job(worker_id, job)
+        self._shared.jobs[worker_id].put(job)
 
     def new_epoch(self, generation: int | None = None) -> None:
         """Start a new generation: results of older ones are stale from now on.

@@ -71,7 +71,7 @@ __all__ = ["ProcessPool", "check_worker_processes"]
 POLL_S = 0.1
 
 #: Columns of the shared counters array (one row per worker).
-_FETCH, _COLLATE, _PIN, _EPOCH, _EPOCH_ITEMS, _TASKS, _BUSY, _READY_WAIT = range(8)
+_FETCH, _COLLATE, _PIN, _EPOCH, _EPOCH_ITEMS, _TASKS, _BUSY = range(7)
 
 #: Control messages on a child's job queue (besides ``(worker_id, job)``).
 _NEW_EPOCH = -1
@@ -151,7 +151,6 @@ class ArrayCounters:
     epoch_items = _get(_EPOCH_ITEMS, int)
     tasks = _get(_TASKS, int)
     busy = _get(_BUSY, bool)
-    ready_wait_s = _get(_READY_WAIT)
     del _get
     fetched = WorkerCounters.fetched
 
@@ -448,7 +447,7 @@ class ProcessPool:
         self._failure_lock = threading.Lock()
         num_workers = cfg.num_workers
         workers = range(num_workers)  # first: a float gives DataLoader's TypeError, as with threads
-        self._counter_tensor = torch.zeros((len(workers), _READY_WAIT + 1), dtype=torch.float64).share_memory_()
+        self._counter_tensor = torch.zeros((len(workers), _BUSY + 1), dtype=torch.float64).share_memory_()
         array = self._counter_tensor.numpy()
         self.counters = [ArrayCounters(array, w) for w in workers]
         child_cfg = dataclasses.replace(cfg, pin=False, device_index=None)

@@ -97,12 +97,8 @@ class _Shared:
     def post(self, gen: int, idx: int, worker_id: int, payload: Any) -> None:
         self.results.put((_DATA, gen, idx, worker_id, payload))
 
-    def put_job(self, worker_id: int, job: tuple[int, int, Any]) -> None:
-        """Queue ``job`` for worker ``worker_id``, with the time it was queued (see _next_task)."""
-        self.jobs[worker_id].put((job, time.perf_counter()))
-
     def next_job(self, worker_id: int) -> Any:
-        """Wait for the worker's next ``(job, queued_at)`` (None: stop)."""
+        """Wait for the worker's next job (a task tuple, or None: stop)."""
         jobs = self.jobs[worker_id]
         if not FREE_THREADED_BUILD:
             return jobs.get()
@@ -275,20 +271,12 @@ def _next_task(shared: _Shared, counters: WorkerCounters, worker_id: int) -> Any
     """
     counters.busy = False
     while True:
-        idle_from = time.perf_counter()
-        item = shared.next_job(worker_id)
-        if item is None or shared.stopping:
+        job = shared.next_job(worker_id)
+        if job is None or shared.stopping:
             return None
-        job, queued_at = item
         if job[0] != SYNC_TASK:
             break
         shared.results.put((_SYNCED, job[1], SYNC_TASK, worker_id, None))
-    # From when the job was there for this idle worker to when it got it:
-    # waking up, which under the GIL means waiting for it. Tasks shorter than
-    # the GIL's switch interval hand it over only here, between tasks, so
-    # busy workers that take turns on it look idle by their fetch time alone
-    # (stats' GIL check counts both).
-    counters.ready_wait_s += max(0.0, time.perf_counter() - max(queued_at, idle_from))
     counters.busy = True
     return job
 

@@ -122,9 +122,6 @@ class WorkerCounters:
     fetch_s: float = 0.0
     collate_s: float = 0.0
     pin_s: float = 0.0
-    #: Time a job waited for this idle worker to wake up and take it (the
-    #: GIL, or a core): work it could have done (_worker_loop._next_task).
-    ready_wait_s: float = 0.0
     #: The generation (epoch) of the last task counted, and the samples this
     #: worker fetched for it. Kept per generation, not as a running total
     #: with a baseline: after a ``break``, a persistent worker still runs the
@@ -220,17 +217,15 @@ class LoaderStats:
                 self._check_gil(now)
 
     def _gil_sample(self) -> tuple[float, float, float, tuple[float, float] | None]:
-        busy = sum(c.fetch_s + c.ready_wait_s for c in self._counters)
-        return busy, process_cpu_seconds(), self.wait_s, system_cpu_seconds(self._cpus)
+        fetch = sum(c.fetch_s for c in self._counters)
+        return fetch, process_cpu_seconds(), self.wait_s, system_cpu_seconds(self._cpus)
 
     def _check_gil(self, now: float) -> None:
         """Warn once when the loader is the bottleneck and its busy workers share one core.
 
         Threads that run Python code take turns on the GIL: however many there
         are, together they use about one core, while each one looks busy
-        (waiting for the GIL counts as busy: inside a task, or, where tasks are
-        shorter than the GIL's switch interval, for a task already queued).
-        I/O-bound workers use little CPU,
+        (waiting for the GIL counts as busy). I/O-bound workers use little CPU,
         and code that releases the GIL -- or hands work to a library's own
         thread pool -- uses more than one core, so neither matches. The
         process's CPU time is used, so pools' threads count. A machine whose
@@ -243,14 +238,14 @@ class LoaderStats:
         workers run in ``worker_processes`` children (this process's CPU time
         does not include theirs, and the advice would be to use them).
         """
-        then, (busy0, cpu0, wait0, sys0) = self._gil_mark
-        busy1, cpu1, wait1, sys1 = sample = self._gil_sample()
+        then, (fetch0, cpu0, wait0, sys0) = self._gil_mark
+        fetch1, cpu1, wait1, sys1 = sample = self._gil_sample()
         self._gil_mark = (now, sample)
         window = now - then
         if (self.gil_warned or not self._workers_here or self._num_workers < 2 or self._cores < 2 or window <= 0
                 or not gil_enabled()):
             return
-        util = (busy1 - busy0) / (window * self._num_workers)
+        util = (fetch1 - fetch0) / (window * self._num_workers)
         cores = (cpu1 - cpu0) / window
         waiting = (wait1 - wait0) / window
         if not (util >= 0.6 and waiting >= 0.25 and 0.5 <= cores <= 1.15):
