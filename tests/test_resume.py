@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import functools
 import io
 import time
 
@@ -191,6 +192,22 @@ def test_resume_iterable_dataset_with_its_own_state_dict(num_workers):
     # the resumed epoch's iterator is made.
     make = lambda: ThreadDataLoader(StatefulStream(), batch_size=2, num_workers=num_workers)  # noqa: E731
     assert interrupted(make, 1, 2) == uninterrupted(make)
+
+
+@pytest.mark.parametrize("stop_epoch,stop_batch", [(1, 2), (1, 0), (0, 99)],
+                         ids=["mid_epoch", "epoch_start", "between_epochs"])
+def test_persistent_workers_resume_the_state_of_their_own_dataset_copies(stop_epoch, stop_batch):
+    # Persistent workers iterate their copies, whose state goes on from
+    # epoch to epoch (as in worker processes); the loader's own dataset is
+    # never iterated. The checkpoint recorded the latter: every epoch after
+    # the first was replayed from the first epoch's state.
+    def make(cls=ThreadDataLoader):
+        return cls(StatefulStream(), batch_size=2, num_workers=1, persistent_workers=True)
+
+    expected = uninterrupted(make)
+    assert expected == uninterrupted(functools.partial(make, DataLoader))
+    assert expected[1][0] == [100, 101]  # epoch 1 goes on from the state epoch 0 left
+    assert interrupted(make, stop_epoch, stop_batch) == expected
 
 
 @pytest.mark.parametrize("num_workers", [1, 3])

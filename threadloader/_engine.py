@@ -53,8 +53,8 @@ from ._torch_compat import (
 )
 from ._worker_loop import (_CRASHED, _DATA, _DIED, _STOPPED, _SYNCED, STOPPED_MESSAGE, SYNC_TASK, ProcessDeath,
                            ShortBatch, _Config, _drain, _Shared, _worker_main, samples_in)
-from .state import (DrawsAhead, EpochStart, RecordsProgressOnDrop, ResumePlan, dataset_state_of, generators_of,
-                    progress_record)
+from .state import (DrawsAhead, EpochStart, RecordsProgressOnDrop, ResumePlan, dataset_state_of,
+                    dataset_state_of_object, generators_of, progress_record)
 from .stats import LoaderStats, WorkerCounters
 
 #: How long shutdown waits, in total, for threads to finish the user call they
@@ -101,8 +101,11 @@ class ThreadPool:
         # (persistent workers keep it). Made here, before the epoch draws its
         # order: generators the dataset shares with the sampler are copied in
         # the state they had when the workers started, as a process forks them.
+        #: Worker id -> its copy of the dataset (a persistent IterableDataset
+        #: copy carries its own state from epoch to epoch, as in a worker process).
+        self.replicas = {w: worker.worker_dataset(cfg.dataset) for w in worker_ids}
         self._threads = [
-            threading.Thread(target=_worker_main, args=(shared, cfg, w, worker.worker_dataset(cfg.dataset)),
+            threading.Thread(target=_worker_main, args=(shared, cfg, w, self.replicas[w]),
                              name=f"threadloader-worker-{w}", daemon=True)
             for w in worker_ids
         ]
@@ -297,7 +300,7 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
                 # finds its dead worker process the same way.
                 raise RuntimeError(self._refusal())
             self._plan = None
-            self._epoch_start = EpochStart.capture(loader, self._base_seed)
+            self._epoch_start = EpochStart.capture(loader, self._base_seed, self.dataset_start_state())
         super()._reset(loader, first_iter)
         self._finished = False
         # Tasks received ahead of _rcvd_idx (in_order=False), for checkpoints.
@@ -452,6 +455,19 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
 
     def _deadline(self) -> float | None:
         return None if self._timeout <= 0 else time.monotonic() + self._timeout
+
+    def dataset_start_state(self) -> Any:
+        """The IterableDataset's state the next epoch starts from, or None: the loader's dataset's.
+
+        Persistent worker threads iterate their own copies, whose state goes
+        on from epoch to epoch while the loader's dataset is never iterated:
+        their state is the epoch's (worker 0's copy; the workers are idle when
+        an epoch starts). Worker processes keep their copies out of reach.
+        """
+        replicas = getattr(self._pool, "replicas", None)
+        if not (self._persistent_workers and replicas):
+            return None
+        return dataset_state_of_object(replicas[min(replicas)], self._dataset)
 
     def _get_message(self, deadline: float | None) -> tuple[int, int, int, int, Any]:
         """The next message from the workers, waiting until ``deadline`` (None: for ever).

@@ -86,8 +86,13 @@ def _state_of(obj: Any, owner: str) -> Any:
 
 def dataset_state_of(loader: Any) -> Any:
     """The ``state_dict()`` of the loader's IterableDataset, when it has one; else None."""
-    if isinstance(loader.dataset, IterableDataset) and _has_state(loader.dataset):
-        return _state_of(loader.dataset, "dataset")
+    return dataset_state_of_object(loader.dataset, loader.dataset)
+
+
+def dataset_state_of_object(obj: Any, dataset: Any) -> Any:
+    """The ``state_dict()`` of ``obj`` (``dataset`` or a worker's copy of it), when ``dataset`` is an IterableDataset with one."""
+    if isinstance(dataset, IterableDataset) and _has_state(dataset):
+        return _state_of(obj, "dataset")
     return None
 
 
@@ -344,7 +349,8 @@ def draws_from_global_rng(loader: Any) -> bool:
     return False
 
 
-def make_state(loader: Any, progress: dict[str, Any] | None, persistent_base_seed: int | None = None) -> dict[str, Any]:
+def make_state(loader: Any, progress: dict[str, Any] | None, persistent_base_seed: int | None = None,
+               dataset_state: Any = None) -> dict[str, Any]:
     """The loader's state dict.
 
     Args:
@@ -353,6 +359,9 @@ def make_state(loader: Any, progress: dict[str, Any] | None, persistent_base_see
             between epochs.
         persistent_base_seed: between epochs, the base seed of the loader's
             persistent iterator (its next epoch draws none), else None.
+        dataset_state: between epochs, the IterableDataset state the next
+            epoch starts from when it is not the loader's dataset's (persistent
+            workers' copies), else None.
     """
     state = {
         "version": STATE_VERSION,
@@ -367,7 +376,7 @@ def make_state(loader: Any, progress: dict[str, Any] | None, persistent_base_see
         # What the next epoch starts from besides the loader's RNG: samplers'
         # own generators and states, the IterableDataset's state, and a
         # persistent iterator's base seed.
-        start = EpochStart.capture(loader, persistent_base_seed or 0)
+        start = EpochStart.capture(loader, persistent_base_seed or 0, dataset_state)
         start.check()
         state["next_epoch"] = {"start": asdict(start), "persistent": persistent_base_seed is not None}
     return state
