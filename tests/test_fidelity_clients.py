@@ -63,32 +63,49 @@ def test_state_after_break_names_the_remaining_batches(num_workers, persistent, 
     assert got == expected
 
 
+def _two_epochs_to_the_last_batch(cls, num_workers, persistent, use_generator, *, checkpoint=False, leave=True,
+                                  zip_epoch=False):
+    """Two epochs each run to their last batch (left there or not), then more epochs.
+
+    Returns:
+        The epochs, two draws from torch's global RNG, and the loader generator's state.
+    """
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(5) if use_generator else None
+    loader = cls(Squares(8), batch_size=2, shuffle=True, num_workers=num_workers,
+                 persistent_workers=persistent, generator=gen)
+    epochs = []
+    for _ in range(2):
+        seen = []
+        for i, batch in enumerate(loader):
+            seen.append(to_list([batch])[0])
+            if i == len(loader) - 1:
+                if checkpoint and cls is ThreadDataLoader:
+                    assert loader.state_dict()["epoch"] is None
+                    assert loader.state_dict()["epoch"] is None  # asked twice: the same answer
+                if leave:
+                    break
+        epochs.append(seen)
+    if zip_epoch:
+        epochs.append(to_list(pair[1] for pair in zip(cls(range(4), batch_size=2), loader)))
+    epochs.append(to_list(loader))
+    return epochs, torch.rand(2).tolist(), None if gen is None else gen.get_state()
+
+
+def _assert_same_run(got, expected):
+    assert got[:2] == expected[:2]
+    assert (got[2] is None) == (expected[2] is None) and (got[2] is None or torch.equal(got[2], expected[2]))
+
+
 @pytest.mark.parametrize("num_workers,persistent", LOOPS)
 @pytest.mark.parametrize("use_generator", [False, True])
 def test_leaving_at_the_last_batch_shuffles_later_epochs_as_dataloader(num_workers, persistent, use_generator):
     # break at the last batch, or zip() with a loader as long: the iterator is
     # dropped without the next() that would run the sampler past its last
     # yield (RandomSampler's trailing randperm draws from the generator).
-    def run(cls):
-        torch.manual_seed(0)
-        gen = torch.Generator().manual_seed(5) if use_generator else None
-        loader = cls(Squares(8), batch_size=2, shuffle=True, num_workers=num_workers,
-                     persistent_workers=persistent, generator=gen)
-        epochs = []
-        for _ in range(2):
-            seen = []
-            for i, batch in enumerate(loader):
-                seen.append(to_list([batch])[0])
-                if i == len(loader) - 1:
-                    break
-            epochs.append(seen)
-        epochs.append(to_list(pair[1] for pair in zip(cls(range(4), batch_size=2), loader)))
-        epochs.append(to_list(loader))
-        return epochs, torch.rand(2).tolist(), None if gen is None else gen.get_state()
-
-    expected, got = run(DataLoader), run(ThreadDataLoader)
-    assert got[:2] == expected[:2]
-    assert (got[2] is None) == (expected[2] is None) and (got[2] is None or torch.equal(got[2], expected[2]))
+    args = (num_workers, persistent, use_generator)
+    _assert_same_run(_two_epochs_to_the_last_batch(ThreadDataLoader, *args, zip_epoch=True),
+                     _two_epochs_to_the_last_batch(DataLoader, *args, zip_epoch=True))
 
 
 @pytest.mark.parametrize("num_workers,persistent", LOOPS)
@@ -99,29 +116,9 @@ def test_a_checkpoint_at_the_last_batch_shuffles_later_epochs_as_dataloader(num_
     # The checkpoint asks the sampler whether the epoch is over, as the next
     # next() would; the live generator must not show that draw before then
     # (after a break it never does, as with DataLoader).
-    def run(cls):
-        torch.manual_seed(0)
-        gen = torch.Generator().manual_seed(5) if use_generator else None
-        loader = cls(Squares(8), batch_size=2, shuffle=True, num_workers=num_workers,
-                     persistent_workers=persistent, generator=gen)
-        epochs = []
-        for _ in range(2):
-            seen = []
-            for i, batch in enumerate(loader):
-                seen.append(to_list([batch])[0])
-                if i == len(loader) - 1:
-                    if cls is ThreadDataLoader:
-                        assert loader.state_dict()["epoch"] is None
-                        assert loader.state_dict()["epoch"] is None  # asked twice: the same answer
-                    if leave:
-                        break
-            epochs.append(seen)
-        epochs.append(to_list(loader))
-        return epochs, torch.rand(2).tolist(), None if gen is None else gen.get_state()
-
-    expected, got = run(DataLoader), run(ThreadDataLoader)
-    assert got[:2] == expected[:2]
-    assert (got[2] is None) == (expected[2] is None) and (got[2] is None or torch.equal(got[2], expected[2]))
+    args = (num_workers, persistent, use_generator)
+    _assert_same_run(_two_epochs_to_the_last_batch(ThreadDataLoader, *args, checkpoint=True, leave=leave),
+                     _two_epochs_to_the_last_batch(DataLoader, *args, checkpoint=True, leave=leave))
 
 
 class _FailsAfterItsLastIndex(torch.utils.data.Sampler):

@@ -41,9 +41,9 @@ class PythonLoop(Dataset):
     not count as busy (on a fast machine a fixed loop was that short).
     """
 
-    def __init__(self, n: int, work: int | None = None) -> None:
+    def __init__(self, n: int) -> None:
         self.n = n
-        self.work = _work_for(sys.getswitchinterval()) if work is None else work
+        self.work = _work_for(sys.getswitchinterval())
 
     def __len__(self) -> int:
         return self.n

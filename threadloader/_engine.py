@@ -53,8 +53,8 @@ from ._torch_compat import (
 )
 from ._worker_loop import (_CRASHED, _DATA, _DIED, _STOPPED, _SYNCED, STOPPED_MESSAGE, SYNC_TASK, ProcessDeath,
                            ShortBatch, _Config, _drain, _Shared, _worker_main, samples_in)
-from .state import (DrawsAhead, EpochStart, RecordsProgressOnDrop, ResumePlan, dataset_state_of,
-                    dataset_state_of_object, generators_of, progress_record)
+from .state import (DrawsAhead, EpochStart, RecordsProgressOnDrop, ResumePlan, dataset_state_of, generators_of,
+                    progress_record)
 from .stats import LoaderStats, WorkerCounters
 
 #: How long shutdown waits, in total, for threads to finish the user call they
@@ -467,7 +467,7 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
         replicas = getattr(self._pool, "replicas", None)
         if not (self._persistent_workers and replicas):
             return None
-        return dataset_state_of_object(replicas[min(replicas)], self._dataset)
+        return dataset_state_of(replicas[min(replicas)])
 
     def _get_message(self, deadline: float | None) -> tuple[int, int, int, int, Any]:
         """The next message from the workers, waiting until ``deadline`` (None: for ever).
@@ -615,7 +615,7 @@ class ResumableSingleIter(RecordsProgressOnDrop, SingleProcessDataLoaderIter):
     def __init__(self, loader: Any, plan: ResumePlan | None = None) -> None:
         # torch's iterator calls iter() on an IterableDataset as it is built,
         # which may change the dataset's state: its epoch-start state is now.
-        self._dataset_start = dataset_state_of(loader) if plan is None else None
+        self._dataset_start = dataset_state_of(loader.dataset) if plan is None else None
         super().__init__(loader)
         self._finished = False
         self._loader = loader

@@ -14,11 +14,12 @@ the free list. Nothing is reused earlier, whatever the user keeps.
   loaders have reserved (the oldest go back to the allocator); everything
   else is in use by someone. A free block no request has matched for a
   while (:meth:`BufferPool._idle_limit` loans) goes back too: one odd size
-  (a panorama, a huge image) must not stay for ever beside the working set. A loader reserves its in-flight depth while it
-  runs: blocks handed back at an epoch's end or in a burst are then reused
-  instead of being freed and faulted in again (with many worker threads,
-  page faults in one address space serialise), and the reservation ends with
-  the loader, so idle memory falls back to ``slack`` blocks.
+  (a panorama, a huge image) must not stay for ever beside the working set.
+  A loader reserves its in-flight depth while it runs: blocks handed back at
+  an epoch's end or in a burst are then reused instead of being freed and
+  faulted in again (with many worker threads, page faults in one address
+  space serialise), and the reservation ends with the loader, so idle
+  memory falls back to ``slack`` blocks.
 * Pinned memory is not pooled here: torch's caching host allocator already
   reuses pinned blocks, and only once every copy that read them has completed
   (it records events on non-blocking copies), which a pool of ours could not

@@ -84,15 +84,10 @@ def _state_of(obj: Any, owner: str) -> Any:
         return _FailedState(e, owner)
 
 
-def dataset_state_of(loader: Any) -> Any:
-    """The ``state_dict()`` of the loader's IterableDataset, when it has one; else None."""
-    return dataset_state_of_object(loader.dataset, loader.dataset)
-
-
-def dataset_state_of_object(obj: Any, dataset: Any) -> Any:
-    """The ``state_dict()`` of ``obj`` (``dataset`` or a worker's copy of it), when ``dataset`` is an IterableDataset with one."""
+def dataset_state_of(dataset: Any) -> Any:
+    """The ``state_dict()`` of an IterableDataset (a loader's, or a worker's copy of it) that has one; else None."""
     if isinstance(dataset, IterableDataset) and _has_state(dataset):
-        return _state_of(obj, "dataset")
+        return _state_of(dataset, "dataset")
     return None
 
 
@@ -134,7 +129,7 @@ class EpochStart:
             if _has_state(obj):
                 sampler_states[name] = _state_of(obj, name)
         if dataset_state is None:
-            dataset_state = dataset_state_of(loader)
+            dataset_state = dataset_state_of(loader.dataset)
         global_state = torch.get_rng_state() if gen is not None and draws_from_global_rng(loader) else None
         return cls(int(base_seed), rng_state, sampler_generators, sampler_states, dataset_state, sampler_epochs,
                    global_state)
