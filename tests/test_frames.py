@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import pickle
+import re
 
 import numpy as np
 import pytest
@@ -33,6 +34,23 @@ def test_frame_basics() -> None:
     assert not hasattr(f, "__dict__")
     g = pickle.loads(pickle.dumps(f))
     assert np.array_equal(g.numpy(), arr)
+
+
+@pytest.mark.parametrize("dtype", [None, np.uint8, np.float32, "int16"])
+@pytest.mark.parametrize("copy", [None, True, False])
+def test_frame_array_protocol_follows_numpy(dtype: object, copy: bool | None) -> None:
+    # The frame answers np.asarray/np.array as its own ndarray does.
+    arr = np.arange(2 * 3 * 3, dtype=np.uint8).reshape(2, 3, 3)
+    f = Frame(arr)
+    try:
+        want = np.array(arr, dtype=dtype, copy=copy)
+    except ValueError as e:
+        with pytest.raises(ValueError, match=re.escape(str(e).splitlines()[0])):
+            np.array(f, dtype=dtype, copy=copy)
+        return
+    got = np.array(f, dtype=dtype, copy=copy)
+    assert got.dtype == want.dtype and np.array_equal(got, want)
+    assert np.shares_memory(got, arr) == np.shares_memory(want, arr)
 
 
 def test_frame_rejects_bad_arrays() -> None:

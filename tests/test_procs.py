@@ -547,6 +547,7 @@ def test_a_forked_copy_freed_in_a_child_leaves_the_owners_workers_alone():
     ("threadloader._rng", "_lock"),
     ("threadloader._torch_compat", "_install_lock"),
     ("threadloader._turbojpeg", "_lock"),
+    ("threadloader.integrations.accelerate", "_swap_lock"),  # held while Accelerate's prepare() runs
 ])
 def test_a_child_forked_while_another_thread_holds_a_module_lock_starts_with_it_free(module, name):
     # A fork copies a lock held by another thread as held, and only the forking

@@ -107,7 +107,13 @@ class Frame:
         arr = self.numpy()
         if copy:
             return np.array(arr, dtype=dtype, copy=True)
-        return arr if dtype is None else arr.astype(dtype, copy=False)
+        if dtype is None or np.dtype(dtype) == arr.dtype:
+            return arr
+        if copy is False:
+            # NumPy 2's contract, as it answers for an ndarray: copy=False
+            # means "never copy", so a dtype change is an error.
+            raise ValueError("Unable to avoid copy while creating an array as requested.")
+        return arr.astype(dtype)
 
     def to_tensor(self) -> torch.Tensor:
         """The pixels as a ``(C, H, W)`` uint8 tensor, as ``PILToTensor`` gives.

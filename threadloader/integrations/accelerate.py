@@ -36,11 +36,13 @@ import contextlib
 import threading
 from typing import Any, Iterator
 
+from .._fork import renew_after_fork
 from ..loader import ThreadDataLoader
 
 __all__ = ["prepare", "prepare_data_loader", "skip_first_batches"]
 
 _swap_lock = threading.Lock()
+renew_after_fork(__name__, "_swap_lock")
 
 
 def _is_thread_loader(loader: Any) -> bool:
