@@ -39,7 +39,7 @@ import torch
 from torch.autograd.profiler import record_function
 
 from ._pool import decode_pool, host_pool
-from . import worker
+from . import _inherit, worker
 from ._thread_view import WorkerThreadView
 from ._torch_compat import (
     BaseDataLoaderIter,
@@ -104,8 +104,12 @@ class ThreadPool:
         #: Worker id -> its copy of the dataset (a persistent IterableDataset
         #: copy carries its own state from epoch to epoch, as in a worker process).
         self.replicas = {w: worker.worker_dataset(cfg.dataset) for w in worker_ids}
+        # Each worker starts as a forked worker process would: in the grad
+        # mode, inference mode and context of the thread starting the pool.
+        caller = _inherit.capture()
         self._threads = [
-            threading.Thread(target=_worker_main, args=(shared, cfg, w, self.replicas[w]),
+            threading.Thread(target=_inherit.run_inheriting,
+                             args=(caller, _worker_main, shared, cfg, w, self.replicas[w]),
                              name=f"threadloader-worker-{w}", daemon=True)
             for w in worker_ids
         ]
@@ -291,14 +295,14 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
     def _reset(self, loader: Any, first_iter: bool = False) -> None:
         if first_iter:
             # Workers gone for good: ended by a BaseException (None), or with
-            # their worker process (that death's message).
-            self._dead_workers: dict[int, str | None] = {}
+            # their worker process (that death).
+            self._dead_workers: dict[int, ProcessDeath | None] = {}
         else:  # a persistent iterator's next epoch
             self._await_workers()
             if self._dead_workers:
                 # Their tasks would never be served. DataLoader's next epoch
                 # finds its dead worker process the same way.
-                raise RuntimeError(self._refusal())
+                raise self._refusal()
             self._plan = None
             self._epoch_start = EpochStart.capture(loader, self._base_seed, self.dataset_start_state())
         super()._reset(loader, first_iter)
@@ -496,8 +500,8 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
             The error to raise for them, once, and the workers.
         """
         if isinstance(payload, ProcessDeath):  # DataLoader's message, as for its dead worker process
-            self._dead_workers.update(dict.fromkeys(payload.worker_ids, payload.message))
-            return RuntimeError(payload.message), payload.worker_ids
+            self._dead_workers.update(dict.fromkeys(payload.worker_ids, payload))
+            return payload.error(), payload.worker_ids
         error = RuntimeError(f"DataLoader worker (thread {worker_id}) exited unexpectedly: {payload!r}")
         error.__cause__ = payload
         self._dead_workers[worker_id] = None
@@ -515,13 +519,13 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
             del self._deaths[other]
         return death
 
-    def _refusal(self) -> str:
+    def _refusal(self) -> RuntimeError:
         """Why a persistent iterator with dead workers serves no further epoch."""
-        processes = sorted({m for m in self._dead_workers.values() if m is not None})
+        processes = sorted({d for d in self._dead_workers.values() if d is not None})
         if processes:
-            return processes[0]
+            return processes[0].error()
         ids = ", ".join(str(w) for w in sorted(self._dead_workers))
-        return f"DataLoader worker (thread(s) {ids}) exited unexpectedly"
+        return RuntimeError(f"DataLoader worker (thread(s) {ids}) exited unexpectedly")
 
     def _crashed(self, message: str) -> NoReturn:
         """A worker process crashed: the workers are gone for good; raise its error."""

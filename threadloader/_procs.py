@@ -61,7 +61,7 @@ import torch.multiprocessing as torch_mp
 from . import _context, _torch_compat, worker
 from ._engine import JOIN_BUDGET_S, ThreadPool
 from ._worker_loop import _CRASHED, _DATA, _DIED, STOPPED_MESSAGE, ProcessDeath, _Config, _drain, pin_task
-from ._torch_compat import ExceptionWrapper
+from ._torch_compat import ExceptionWrapper, set_worker_signal_handlers
 from .stats import WorkerCounters
 
 __all__ = ["ProcessPool", "check_worker_processes"]
@@ -166,6 +166,10 @@ def _set_parent_death_signal() -> None:
         libc.prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):  # pragma: no cover - no prctl: the watchdog still runs
         pass
+
+
+def _ignore_sigint(signum: int, frame: Any) -> None:
+    pass
 
 
 def _exit_on_sigterm(signum: int, frame: Any) -> None:
@@ -365,7 +369,13 @@ def _child_main(
     death_signal: bool,
 ) -> None:
     """Body of one worker process: run its worker threads until told to stop or orphaned."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle, as in DataLoader
+    # Ctrl-C is the parent's to handle. A handler that does nothing, not
+    # SIG_IGN: an ignored signal stays ignored across exec, in every program
+    # the dataset runs (ffmpeg would ignore Ctrl-C); a handler does not.
+    signal.signal(signal.SIGINT, _ignore_sigint)
+    # As DataLoader's workers: a bus error or segfault says so on stderr first
+    # ("... insufficient shared memory (shm)"). Then SIGTERM gets ours again.
+    set_worker_signal_handlers()
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     # Under forkserver our parent is the forkserver, not the loader's process:
     # only the sentinel (see _loader_alive) watches the loader then.
@@ -521,13 +531,15 @@ class ProcessPool:
         """
         return [self._by_worker[w].process for w in sorted(self._by_worker)]
 
-    def child_died(self, child: "_Child", message: str) -> None:
+    def child_died(self, child: "_Child", detail: str) -> None:
         """Tell the consumer that ``child`` died: its workers are gone, as dead DataLoader worker processes.
 
-        The consumer raises ``message`` once, where the first task they left
-        undone was due, and goes on with the other processes' workers.
+        The consumer raises DataLoader's "exited unexpectedly" error, caused by
+        ``detail``, once, where the first task they left undone was due, and
+        goes on with the other processes' workers.
         """
-        death = ProcessDeath(message, tuple(child.worker_ids))
+        pid = child.process.pid
+        death = ProcessDeath(f"DataLoader worker (pid(s) {pid}) exited unexpectedly", tuple(child.worker_ids), detail)
         self.results.put((_DIED, self.generation, -1, child.worker_ids[0], death))
 
     def fail(self, message: str) -> None:
@@ -634,7 +646,7 @@ def _receive_one(pool: ProcessPool, child: _Child, pid: int) -> bool:
     except Exception as exc:  # noqa: BLE001 - the channel itself broke (payloads fail as their task: _Parcel)
         # A broken pipe is most often a child that just died. A clean end of
         # file says nothing more than its death (only the child wrote there).
-        detail = "" if isinstance(exc, EOFError) else f": receiving its result failed: {exc!r}"
+        detail = "" if isinstance(exc, EOFError) else f"Receiving its result failed: {exc!r}"
         if not pool.stopping and not _failed_if_died(pool, child, pid, detail):
             pool.fail(f"Receiving a result from DataLoader worker process (pid {pid}) failed: {exc!r}")
         return False
@@ -670,17 +682,21 @@ def _failed_if_died(pool: ProcessPool, child: _Child, pid: int, detail: str = ""
     if exitcode is None:
         return False
     if not pool.stopping:
-        pool.child_died(child, f"{_crash_message(pid, exitcode)}{detail}")
+        crash = _crash_message(pid, exitcode)
+        pool.child_died(child, f"{crash.rstrip()} {detail}".strip() if detail else crash)
     return True
 
 
 def _crash_message(pid: int, exitcode: int) -> str:
-    """DataLoader's message for a worker process that died, with its exit status."""
+    """How a worker process died, in the words of torch's check of its workers (empty for exit code 0)."""
     if exitcode < 0:
-        try:
-            how = f"killed by signal: {signal.Signals(-exitcode).name}"
-        except ValueError:
-            how = f"killed by signal {-exitcode}"
-    else:
-        how = f"exit code {exitcode}"
-    return f"DataLoader worker (pid(s) {pid}) exited unexpectedly ({how})"
+        name = signal.strsignal(-exitcode) or f"Unknown signal {-exitcode}"
+        text = f"DataLoader worker (pid {pid}) is killed by signal: {name}. "
+        if -exitcode == signal.SIGBUS:
+            text += ("It is possible that dataloader's workers are out of shared memory. "
+                     "Please try to raise your shared memory limit.")
+        return text
+    if exitcode == 0:  # torch's check says nothing of a clean exit
+        return ""
+    return (f"DataLoader worker (pid {pid}) exited unexpectedly with exit code {exitcode}. "
+            "Details are lost due to multiprocessing. Rerunning with num_workers=0 may give better error trace.")

@@ -88,6 +88,8 @@ _PY_RANDOM: contextvars.ContextVar[Any] = contextvars.ContextVar("threadloader_r
 #: NumPy's legacy singleton (``np.random.mtrand._rand`` before routing).
 _NP_SINGLETON = _mtrand._rand if _mtrand is not None else None
 _NP_LEGACY: contextvars.ContextVar[Any] = contextvars.ContextVar("threadloader_numpy_random", default=_NP_SINGLETON)
+#: This module's context variables: each worker thread sets its own, never inherits them.
+CONTEXT_VARS = frozenset({_WORKER, _PY_RANDOM, _NP_LEGACY})
 
 
 if _np is not None:

@@ -37,6 +37,7 @@ from ._fork import renew_after_fork
 from torch.utils.data import dataloader as _dl
 from torch.utils.data._utils import collate as _collate
 from torch.utils.data._utils import pin_memory as _pin
+from torch.utils.data._utils import signal_handling as _signal_handling
 from torch.utils.data._utils import worker as _worker
 
 __all__ = [
@@ -54,6 +55,7 @@ __all__ = [
     "get_thread_worker_info",
     "set_process_worker_info",
     "process_worker_info",
+    "set_worker_signal_handlers",
 ]
 
 #: torch's base iterator: draws the base seed, builds the sampler iterator,
@@ -365,6 +367,11 @@ def install() -> None:
 
 # Keep a reference so tests can check the patch targets the same function.
 TORCH_GET_WORKER_INFO: types.FunctionType = _worker.get_worker_info
+
+
+#: Installs DataLoader's worker-process handlers for SIGBUS, SIGSEGV, SIGFPE
+#: (a message on stderr, then the default action) and SIGTERM.
+set_worker_signal_handlers: Callable[[], None] = _signal_handling._set_worker_signal_handlers
 
 
 # --- torch function modes (the worker-thread RNG routing is one) -------------------

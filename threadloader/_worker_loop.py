@@ -52,6 +52,14 @@ class ProcessDeath(NamedTuple):
 
     message: str  # DataLoader's "exited unexpectedly" error, raised once for them all
     worker_ids: tuple[int, ...]
+    detail: str = ""  # how it died, in torch's words: the error's cause
+
+    def error(self) -> RuntimeError:
+        """The error to raise, chained as DataLoader chains it (from its SIGCHLD handler's error)."""
+        error = RuntimeError(self.message)
+        if self.detail:
+            error.__cause__ = RuntimeError(self.detail)
+        return error
 
 
 @dataclass
