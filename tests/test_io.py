@@ -895,3 +895,30 @@ def test_io_package_layout_keeps_public_names() -> None:
     import threadloader
 
     assert threadloader.io is tio
+
+
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG", "GIF", "BMP", "WEBP", "TIFF"])
+def test_a_decode_leaves_nothing_for_the_garbage_collector(fmt):
+    # A reference cycle through the image (PNG's watched reader held it) kept
+    # every decoded image until a collection: 15% slower on a 256² PNG.
+    import gc
+
+    data = encode(np.random.default_rng(0).integers(0, 256, (40, 30, 3), dtype=np.uint8), fmt)
+    decode_image(data)  # imports and caches outside the count
+    gc.collect()
+    gc.disable()
+    try:
+        decode_image(data)
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "GIF", "BMP", "WEBP", "TIFF", "JPEG", "PPM", "TGA", "ICO", "JPEG2000"])
+def test_formats_told_by_signature_are_the_ones_pillow_identifies(fmt):
+    from threadloader.io.image import _signature_format
+
+    data = encode(np.zeros((16, 16, 3), dtype=np.uint8), fmt)
+    told = _signature_format(data)
+    assert told in (None, Image.open(io.BytesIO(data)).format)
+    assert (told is not None) == (fmt in ("PNG", "GIF", "WEBP", "TIFF"))

@@ -17,6 +17,7 @@ thread-safe.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import math
@@ -25,7 +26,7 @@ import os
 import stat
 import struct
 import warnings
-from typing import Any, Callable, Sequence, Union
+from typing import Any, Callable, Iterator, Sequence, Union
 
 import numpy as np
 
@@ -112,6 +113,27 @@ def _describe(source: Any) -> str:
 def _is_jpeg(data: Any) -> bool:
     return data[:3] == b"\xff\xd8\xff" if type(data) is bytes else (
         len(data) >= 3 and bytes(data[:3]) == b"\xff\xd8\xff")
+
+
+#: Pillow's format names of files that start with these bytes.
+_SIGNATURES = (
+    (b"\x89PNG\r\n\x1a\n", "PNG"),
+    (b"GIF87a", "GIF"),
+    (b"GIF89a", "GIF"),
+    (b"II*\x00", "TIFF"),
+    (b"MM\x00*", "TIFF"),
+)
+
+
+def _signature_format(data: Any) -> str | None:
+    """The format of a PNG, GIF, TIFF or WebP file from its first bytes, or None (Pillow identifies it)."""
+    head = bytes(data[:12])
+    for signature, fmt in _SIGNATURES:
+        if head.startswith(signature):
+            return fmt
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "WEBP"
+    return None
 
 
 def _fail(source: Any, reason: str) -> ImageDecodeError:
@@ -331,7 +353,8 @@ class _EndWatch(io.BytesIO):
         return chunk
 
 
-def _watch_load_read(im: Any, fp: _EndWatch) -> None:
+@contextlib.contextmanager
+def _watching_load_read(im: Any, fp: _EndWatch) -> Iterator[None]:
     """Note in ``fp`` when the plugin's own reader (``load_read``: PNG's IDAT chunks) runs dry.
 
     Such a plugin ends the image data itself, before the file's end: a scan
@@ -340,6 +363,7 @@ def _watch_load_read(im: Any, fp: _EndWatch) -> None:
     """
     read = getattr(im, "load_read", None)
     if read is None:
+        yield
         return
 
     def load_read(size: int) -> bytes:
@@ -353,20 +377,28 @@ def _watch_load_read(im: Any, fp: _EndWatch) -> None:
         return chunk
 
     im.load_read = load_read
+    try:
+        yield
+    finally:
+        # The wrapper holds the image (a reference cycle): left in place, every
+        # image waited for the garbage collector (+15% time on a 256² PNG).
+        del im.load_read
 
 
 def _decode_pillow(data: Any, src: Any, crop: Sequence[int] | None) -> np.ndarray:
     from PIL import Image, UnidentifiedImageError
 
     try:
-        # Identify the format first, then open again with that plugin alone:
-        # the other plugins' probes read past the end of small files, which
-        # must not count as truncation.
-        with Image.open(io.BytesIO(data)) as probe:
-            fmt = probe.format
+        # Open with the file's plugin alone: the other plugins' probes read
+        # past the end of small files, which must not count as truncation.
+        # The common formats are told by their signature; Pillow identifies
+        # the rest (a first open, 8 µs: a fifth of a 32x32 PNG's decode).
+        fmt = _signature_format(data)
+        if fmt is None:
+            with Image.open(io.BytesIO(data)) as probe:
+                fmt = probe.format
         fp = _EndWatch(data)
-        with Image.open(fp, formats=[fmt] if fmt else None) as im:
-            _watch_load_read(im, fp)
+        with Image.open(fp, formats=[fmt] if fmt else None) as im, _watching_load_read(im, fp):
             if not _complete(data, im.format):
                 raise _fail(src, f"truncated {im.format} data (no end marker)")
             if crop is not None:
@@ -380,7 +412,7 @@ def _decode_pillow(data: Any, src: Any, crop: Sequence[int] | None) -> np.ndarra
                 im = im.crop((left, top, left + w, top + h))
             # Same conversion as torchvision's pil_loader (alpha dropped,
             # palette expanded, CMYK/grey converted by Pillow).
-            rgb = im.convert("RGB")
+            rgb = im if im.mode == "RGB" else im.convert("RGB")  # convert() would copy an RGB image
             return np.array(rgb)  # writable copy, so torch can wrap it
     except (ImageDecodeError, _CropOutsideImage):
         raise
