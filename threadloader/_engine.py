@@ -105,7 +105,7 @@ class ThreadPool:
         #: copy carries its own state from epoch to epoch, as in a worker process).
         self.replicas = {w: worker.worker_dataset(cfg.dataset) for w in worker_ids}
         # Each worker starts as a forked worker process would: in the grad
-        # mode, inference mode and context of the thread starting the pool.
+        # mode and contextvars of the thread starting the pool (_inherit).
         caller = _inherit.capture()
         self._threads = [
             threading.Thread(target=_inherit.run_inheriting,
