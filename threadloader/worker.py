@@ -20,6 +20,7 @@ import types
 from typing import Any, Callable
 
 import torch
+from torch.utils.data import ChainDataset, ConcatDataset, Dataset, IterableDataset, Subset
 
 from . import _rng, _torch_compat
 
@@ -128,9 +129,11 @@ def _replicate(dataset: Any, memo: dict[int, Any], depth: int) -> Any:
         attrs = vars(replica)
     except TypeError:  # __slots__: nothing of its own to give each worker
         return replica
+    # Asked once, not per attribute: a dataset may have very many of them.
+    wrapper = depth < _MAX_WRAPPER_DEPTH and isinstance(replica, (Subset, ConcatDataset, ChainDataset))
     for name, value in list(attrs.items()):
         own = _own_generator(value, memo)
-        if own is value and depth < _MAX_WRAPPER_DEPTH:
+        if own is value and wrapper:
             own = _inner_datasets(replica, name, value, memo, depth)
         if own is not value:
             attrs[name] = own
@@ -139,8 +142,6 @@ def _replicate(dataset: Any, memo: dict[int, Any], depth: int) -> Any:
 
 def _inner_datasets(wrapper: Any, name: str, value: Any, memo: dict[int, Any], depth: int) -> Any:
     """The worker's replicas of the datasets a torch wrapper holds in attribute ``name``, or ``value``."""
-    from torch.utils.data import ChainDataset, ConcatDataset, Dataset, IterableDataset, Subset
-
     if isinstance(wrapper, Subset) and name == "dataset" and isinstance(value, (Dataset, IterableDataset)):
         return _replica_of(value, memo, depth)
     if isinstance(wrapper, (ConcatDataset, ChainDataset)) and name == "datasets" and isinstance(value, (list, tuple)):
@@ -155,6 +156,11 @@ def _replica_of(dataset: Any, memo: dict[int, Any], depth: int) -> Any:
     return memo[key]
 
 
+#: Attribute types that are never random generators (exact types, not subclasses).
+_PLAIN_TYPES = frozenset({type(None), bool, int, float, complex, str, bytes, list, tuple, dict, set, frozenset,
+                          torch.Tensor, *_rng.ARRAY_TYPES})
+
+
 def _own_generator(value: Any, memo: dict[int, Any]) -> Any:
     """A copy of ``value`` in its current state when it is a random generator, else ``value``.
 
@@ -165,6 +171,8 @@ def _own_generator(value: Any, memo: dict[int, Any]) -> Any:
     ``random.SystemRandom``, which has no state; a subclass whose
     constructor needs arguments).
     """
+    if type(value) in _PLAIN_TYPES:  # most attributes: answered before the slower isinstance checks
+        return value
     if isinstance(value, torch.Generator):
         if value is torch.default_generator or value.device.type != "cpu":
             return value
