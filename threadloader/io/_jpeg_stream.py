@@ -8,7 +8,7 @@ bytes between segments, as libjpeg does.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterator
 
 __all__ = ["is_complete", "is_harmless_warning", "is_lossless"]
 
@@ -22,24 +22,36 @@ def _as_bytes_like(data: Any) -> Any:
     return data if type(data) is bytes else memoryview(data).cast("B")
 
 
-def is_lossless(data: Any) -> bool:
-    """Whether a JPEG's frame is lossless, read from its markers up to the start of frame."""
-    data = _as_bytes_like(data)
+def _segments(data: Any) -> Iterator[tuple[int, int]]:
+    """``(marker, index just past its segment)`` for each marker of a JPEG's header, in file order.
+
+    Ends after the first start of scan (0xDA: what follows is entropy-coded
+    data) or end of image (0xD9), or at the end of ``data``.
+    """
     n, i = len(data), 2
     while i + 4 <= n:
-        if data[i] != 0xFF:  # not a marker: libjpeg skips to the next 0xFF
+        if data[i] != 0xFF:  # stray bytes between segments: libjpeg skips to the next 0xFF
             i += 1
             continue
         marker = data[i + 1]
         if marker == 0xFF:  # a fill byte
             i += 1
             continue
+        if 0xD0 <= marker <= 0xD7 or marker == 0x01 or marker == 0xD9:  # markers without a length
+            i += 2
+        else:
+            i += 2 + ((data[i + 2] << 8) | data[i + 3])
+        yield marker, i
+        if marker == 0xDA or marker == 0xD9:
+            return
+
+
+def is_lossless(data: Any) -> bool:
+    """Whether a JPEG's frame is lossless, read from its markers up to the start of frame."""
+    for marker, _ in _segments(_as_bytes_like(data)):
         if marker in _SOF_MARKERS:
             return marker in _LOSSLESS_SOF_MARKERS
-        if marker == 0xDA or marker == 0xD9:  # start of scan, end of image: no frame header met
-            return False
-        i += 2 + ((data[i + 2] << 8) | data[i + 3])
-    return False
+    return False  # a scan or the end of the image came first: no frame header met
 
 
 def is_complete(data: Any) -> bool:
@@ -52,21 +64,10 @@ def is_complete(data: Any) -> bool:
     libjpeg reads none, and they may hold marker-like bytes.
     """
     raw = data if type(data) is bytes else bytes(data)
-    n, i = len(raw), 2
-    while i + 4 <= n:
-        if raw[i] != 0xFF:  # stray bytes between segments
-            i += 1
-            continue
-        marker = raw[i + 1]
-        if marker == 0xFF or 0xD0 <= marker <= 0xD7 or marker == 0x01:  # fill byte; markers without a length
-            i += 1 if marker == 0xFF else 2
-            continue
-        if marker == 0xD9:  # an end before any scan: nothing to decode
-            return False
-        i += 2 + ((raw[i + 2] << 8) | raw[i + 3])
+    for marker, end in _segments(raw):
         if marker == 0xDA:
-            return raw.find(b"\xff\xd9", i) >= 0
-    return False
+            return raw.find(b"\xff\xd9", end) >= 0
+    return False  # an end before any scan (nothing to decode), or no scan at all
 
 
 #: libjpeg warnings about bytes the decoder skips or ignores: the image is
