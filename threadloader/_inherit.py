@@ -9,8 +9,8 @@ its error state and ``decimal`` its context). :func:`capture` takes that state
 in the starting thread and :func:`run_inheriting` sets it up in the new one.
 
 Carried: torch's grad mode, the ``contextvars`` (a ``decimal`` context as a
-copy: that object is mutable and each process has its own), NumPy 1's
-thread-local error state. Inference mode is carried as grad mode off: the
+copy: that object is mutable and each process has its own), NumPy's error
+state (a context variable in NumPy 2, thread-local in NumPy 1: set either way). Inference mode is carried as grad mode off: the
 tensors a worker thread makes reach the training loop as they are (a worker
 process's are rebuilt there), and inference tensors would refuse to be saved
 for backward if a persistent worker started under ``inference_mode`` served a
@@ -27,6 +27,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import numpy as np
 import torch
 
 from . import _rng
@@ -40,17 +41,15 @@ class CallerState:
 
     grad_enabled: bool
     context: tuple[tuple[contextvars.ContextVar[Any], Any], ...]
-    numpy_errors: dict[str, str] | None  # NumPy 1 only (NumPy 2 keeps it in a context variable)
+    numpy_errors: dict[str, str]
 
 
 def capture() -> CallerState:
     """The calling thread's state, for the threads it is about to start."""
     own = _rng.CONTEXT_VARS
     context = tuple((var, value) for var, value in contextvars.copy_context().items() if var not in own)
-    np = sys.modules.get("numpy")
-    numpy_errors = np.geterr() if np is not None and _numpy_major(np) < 2 else None
     # Inference mode turns grad mode off too: is_grad_enabled() is False in it.
-    return CallerState(torch.is_grad_enabled(), context, numpy_errors)
+    return CallerState(torch.is_grad_enabled(), context, np.geterr())
 
 
 def run_inheriting(state: CallerState, target: Callable[..., Any], *args: Any) -> Any:
@@ -64,14 +63,6 @@ def run_inheriting(state: CallerState, target: Callable[..., Any], *args: Any) -
         if decimal is not None and isinstance(value, decimal.Context):
             value = value.copy()  # flags and precision set here must not reach the starting thread
         var.set(value)
-    if state.numpy_errors is not None:
-        sys.modules["numpy"].seterr(**state.numpy_errors)
+    np.seterr(**state.numpy_errors)
     torch.set_grad_enabled(state.grad_enabled)  # a per-thread setting: for this thread's lifetime
     return target(*args)
-
-
-def _numpy_major(np: Any) -> int:
-    try:
-        return int(np.__version__.split(".", 1)[0])
-    except ValueError:  # an unusual version string: assume a current NumPy
-        return 2

@@ -110,10 +110,6 @@ if _np is not None:
             setattr(_NP_LEGACY.get(), name, value)
 
 
-#: NumPy's array type, when NumPy is installed (worker.py's types that hold no generator).
-ARRAY_TYPES: tuple[type, ...] = (_np.ndarray,) if _np is not None else ()
-
-
 def is_numpy_generator(value: Any) -> bool:
     """Whether ``value`` is a NumPy ``Generator`` or a ``RandomState`` of its own (not the legacy singleton)."""
     if _np is None or not isinstance(value, (_np.random.Generator, _np.random.RandomState)):

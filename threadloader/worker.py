@@ -19,6 +19,7 @@ import random
 import types
 from typing import Any, Callable
 
+import numpy as np
 import torch
 from torch.utils.data import ChainDataset, ConcatDataset, Dataset, IterableDataset, Subset
 
@@ -158,7 +159,7 @@ def _replica_of(dataset: Any, memo: dict[int, Any], depth: int) -> Any:
 
 #: Attribute types that are never random generators (exact types, not subclasses).
 _PLAIN_TYPES = frozenset({type(None), bool, int, float, complex, str, bytes, list, tuple, dict, set, frozenset,
-                          torch.Tensor, *_rng.ARRAY_TYPES})
+                          torch.Tensor, np.ndarray})
 
 
 def _own_generator(value: Any, memo: dict[int, Any]) -> Any:
