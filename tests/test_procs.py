@@ -660,6 +660,28 @@ def test_a_child_forked_while_another_thread_holds_a_module_lock_starts_with_it_
     assert os.waitstatus_to_exitcode(status) == 0
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+@pytest.mark.parametrize("copied", [False, True])
+def test_a_child_forked_while_a_loaders_stats_lock_is_held_can_use_its_stats(copied):
+    # Each loader's stats hold their own lock (a snapshot from any thread
+    # against the consumer's new epoch): a fork while it was held left the
+    # child's copy of the loader hanging at its next iter().
+    import copy
+
+    loader = ThreadDataLoader(Squares(4), batch_size=2, num_workers=1)
+    list(loader)
+    if copied:  # Lightning and Accelerate copy loaders, stats and all
+        loader = copy.deepcopy(loader)
+    stats = loader.stats()
+    with stats._epoch_lock:
+        pid = os.fork()
+        if pid == 0:
+            ok = loader.stats()._epoch_lock.acquire(timeout=5)
+            os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
 # --- resume, stats, pinning ---------------------------------------------------------------
 
 @pytest.mark.parametrize("in_order", [True, False])

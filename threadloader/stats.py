@@ -16,6 +16,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from ._fork import renew_lock_after_fork
 from ._interpreter import gil_enabled
 
 #: Seconds between checks of whether the workers are GIL-bound.
@@ -158,6 +159,7 @@ class LoaderStats:
         # new_epoch/ended (the consumer) against snapshot (any thread): a
         # snapshot sees one epoch's start, baseline and end, never a mix.
         self._epoch_lock = threading.Lock()
+        renew_lock_after_fork(self, "_epoch_lock")
         self.gil_warned = False
         # The cores this process may use: with a narrower CPU affinity, idle
         # cores elsewhere on the machine are no use to it.
@@ -177,6 +179,7 @@ class LoaderStats:
     def __setstate__(self, state: dict[str, Any]) -> None:
         vars(self).update(state)
         self._epoch_lock = threading.Lock()
+        renew_lock_after_fork(self, "_epoch_lock")
 
     def bind(self, counters: list[WorkerCounters], num_workers: int) -> None:
         self._counters = counters
