@@ -12,7 +12,7 @@ import warnings
 import pytest
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
-from threadloader import ThreadDataLoader, stats
+from threadloader import ThreadDataLoader, _procs, stats
 from threadloader.stats import GIL_CHECK_INTERVAL_S
 
 from helpers import Slow
@@ -171,6 +171,40 @@ def test_no_gil_warning_when_workers_run_in_processes(monkeypatch, worker_proces
     gil = gil_warnings(monkeypatch, only_this_process_busy, 2 * GIL_CHECK_INTERVAL_S + 0.5,
                        dataset=Slow(100_000, 0.01), **kwargs)
     assert len(gil) == expected, gil
+
+
+@needs_two_cores
+@pytest.mark.parametrize("num_workers,worker_processes", [(2, 1), (4, 2)])
+def test_warns_when_the_threads_of_worker_processes_are_gil_bound(monkeypatch, num_workers, worker_processes):
+    # Two or more threads per child take turns on that child's GIL: the check
+    # was silent for every worker_processes loader. The children (forked)
+    # inherit the faked CPU clock: each uses one core's worth.
+    monkeypatch.setattr(_procs, "process_cpu_seconds", one_core)
+    monkeypatch.setattr(stats, "system_cpu_seconds", only_this_process_busy)
+    loader = ThreadDataLoader(PythonLoop(100_000), batch_size=4, num_workers=num_workers,
+                              worker_processes=worker_processes, multiprocessing_context="fork")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run_for(loader, 3 * GIL_CHECK_INTERVAL_S + 0.5)
+    gil = [w for w in caught if "holds the GIL" in str(w.message)]
+    assert len(gil) == 1, [str(w.message) for w in caught]
+    message = str(gil[0].message)
+    assert f"of the {worker_processes} worker processes" in message
+    assert f"worker_processes={worker_processes} now, at most num_workers={num_workers}" in message
+    assert gil[0].filename == __file__, gil[0].filename
+
+
+@needs_two_cores
+def test_no_gil_warning_when_the_threads_of_a_worker_process_wait_on_io(monkeypatch):
+    # Busy threads (sleeping in their fetch) whose process uses almost no CPU:
+    # not the GIL. The children's CPU clock is real here.
+    monkeypatch.setattr(stats, "system_cpu_seconds", only_this_process_busy)
+    loader = ThreadDataLoader(Slow(100_000, 0.01), batch_size=4, num_workers=2, worker_processes=1,
+                              multiprocessing_context="fork")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run_for(loader, 3 * GIL_CHECK_INTERVAL_S + 0.5)
+    assert [w for w in caught if "holds the GIL" in str(w.message)] == []
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or (os.cpu_count() or 1) < 2,

@@ -62,7 +62,7 @@ from . import _context, _torch_compat, worker
 from ._engine import JOIN_BUDGET_S, ThreadPool
 from ._worker_loop import _CRASHED, _DATA, _DIED, STOPPED_MESSAGE, ProcessDeath, _Config, _drain, pin_task
 from ._torch_compat import ExceptionWrapper, set_worker_signal_handlers
-from .stats import WorkerCounters
+from .stats import WorkerCounters, process_cpu_seconds
 
 __all__ = ["ProcessPool", "check_worker_processes"]
 
@@ -70,8 +70,9 @@ __all__ = ["ProcessPool", "check_worker_processes"]
 #: child lives, while idle (seconds).
 POLL_S = 0.1
 
-#: Columns of the shared counters array (one row per worker).
-_FETCH, _COLLATE, _PIN, _EPOCH, _EPOCH_ITEMS, _TASKS, _BUSY = range(7)
+#: Columns of the shared counters array (one row per worker). ``_CPU``: the
+#: CPU time of the worker's process, written by that process's dispatcher.
+_FETCH, _COLLATE, _PIN, _EPOCH, _EPOCH_ITEMS, _TASKS, _BUSY, _CPU = range(8)
 
 #: Control messages on a child's job queue (besides ``(worker_id, job)``).
 _NEW_EPOCH = -1
@@ -120,16 +121,24 @@ class ArrayCounters:
     """One worker's :class:`threadloader.stats.WorkerCounters`, as a row of a shared array.
 
     The child's worker thread writes every column but ``pin_s``, which the
-    parent's receiver writes; readers get approximate values, as with threads.
+    parent's receiver writes, and ``process_cpu_s``, which the child's
+    dispatcher writes; readers get approximate values, as with threads.
+
+    Args:
+        array: the shared array, one row per worker.
+        worker_id: this worker's row.
+        process: the index of the child process the worker runs in (stats'
+            GIL check looks at each process's threads together).
     """
 
-    __slots__ = ("_row",)
+    __slots__ = ("_row", "process")
 
     #: The worker runs in a child: the parent's CPU time does not show it (stats' GIL check).
     in_this_process = False
 
-    def __init__(self, array: np.ndarray, worker_id: int) -> None:
+    def __init__(self, array: np.ndarray, worker_id: int, process: int = 0) -> None:
         self._row = array[worker_id]
+        self.process = process
 
     def detach(self) -> None:
         """Keep the row in private memory from now on (the children are gone)."""
@@ -151,6 +160,8 @@ class ArrayCounters:
     epoch_items = _get(_EPOCH_ITEMS, int)
     tasks = _get(_TASKS, int)
     busy = _get(_BUSY, bool)
+    #: CPU seconds of the worker's whole process (all its threads), as last sampled by its dispatcher.
+    process_cpu_s = _get(_CPU)
     del _get
     fetched = WorkerCounters.fetched
 
@@ -395,6 +406,9 @@ def _child_main(
     pool = ThreadPool(cfg, worker_ids, _ParcelQueue(results), {w: ArrayCounters(array, w) for w in worker_ids})
     try:
         while True:
+            # This process's CPU time, for the parent's GIL check (stats): fresh
+            # to within a job or POLL_S, against its windows of seconds.
+            array[worker_ids, _CPU] = process_cpu_seconds()
             try:
                 msg = jobs.get(timeout=POLL_S)
             except queue.Empty:
@@ -457,9 +471,9 @@ class ProcessPool:
         self._failure_lock = threading.Lock()
         num_workers = cfg.num_workers
         workers = range(num_workers)  # first: a float gives DataLoader's TypeError, as with threads
-        self._counter_tensor = torch.zeros((len(workers), _BUSY + 1), dtype=torch.float64).share_memory_()
+        self._counter_tensor = torch.zeros((len(workers), _CPU + 1), dtype=torch.float64).share_memory_()
         array = self._counter_tensor.numpy()
-        self.counters = [ArrayCounters(array, w) for w in workers]
+        self.counters = [ArrayCounters(array, w, w % num_processes) for w in workers]
         child_cfg = dataclasses.replace(cfg, pin=False, device_index=None)
         # A parent-death signal fires when the *thread* that forked exits: only
         # ask for it when that thread is the main thread (its end is the process's).

@@ -36,6 +36,17 @@ GIL_WARNING = (
     "threads over worker processes with ThreadDataLoader(..., worker_processes=P)."
 )
 
+#: The same verdict for the threads of ``worker_processes`` children: each
+#: process's threads take turns on that process's GIL.
+GIL_WARNING_PROCESSES = (
+    "ThreadDataLoader: the worker threads of {procs} of the {processes} worker processes were busy {util:.0%} of "
+    "the last {window:.1f}s but each of those processes used only {cores:.2f} CPU cores while the training loop "
+    "waited for data{free}: the dataset's Python code most likely holds the GIL, so the {threads} threads of a "
+    "process take turns instead of running in parallel. Release the GIL in the expensive step (a library call "
+    "that releases it instead of a Python loop), or run fewer threads per process: worker_processes={processes} "
+    "now, at most num_workers={workers}."
+)
+
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _TORCH_DATA_DIR = os.sep + os.path.join("torch", "utils", "data") + os.sep
 
@@ -146,6 +157,11 @@ class WorkerCounters:
         self.epoch_items += items
 
 
+def _gil_bound(util: float, cores: float) -> bool:
+    """Busy threads that together use about one core: they take turns on a GIL."""
+    return util >= 0.6 and 0.5 <= cores <= 1.15
+
+
 class LoaderStats:
     """Per-iterator statistics: what was delivered and where time went."""
 
@@ -153,6 +169,8 @@ class LoaderStats:
         self._counters: list[WorkerCounters] = []
         self._num_workers = 0
         self._workers_here = True
+        #: Workers in child processes (worker_processes): their counters per process, for the GIL check.
+        self._processes: list[list[Any]] = []
         self._baseline = (0.0, 0.0, 0.0)
         self._generation = 0
         self._ended: float | None = None
@@ -187,6 +205,12 @@ class LoaderStats:
         # Workers in child processes (worker_processes) cost this process no
         # CPU: its CPU time says nothing about their GIL.
         self._workers_here = all(getattr(c, "in_this_process", True) for c in counters)
+        groups: dict[int, list[Any]] = {}
+        if not self._workers_here:
+            for c in counters:
+                groups.setdefault(c.process, []).append(c)
+        self._processes = list(groups.values())
+        self._gil_mark = (time.perf_counter(), self._gil_sample())  # the first window starts with these workers
 
     def new_epoch(self, generation: int = 0) -> None:
         """Start counting afresh (a persistent iterator's next epoch).
@@ -219,9 +243,11 @@ class LoaderStats:
             if now - self._gil_mark[0] >= GIL_CHECK_INTERVAL_S:
                 self._check_gil(now)
 
-    def _gil_sample(self) -> tuple[float, float, float, tuple[float, float] | None]:
+    def _gil_sample(self) -> tuple[float, float, float, tuple[float, float] | None, list[tuple[float, float]]]:
         fetch = sum(c.fetch_s for c in self._counters)
-        return fetch, process_cpu_seconds(), self.wait_s, system_cpu_seconds(self._cpus)
+        # Per child process: its workers' fetch time, and its CPU time.
+        children = [(sum(c.fetch_s for c in group), group[0].process_cpu_s) for group in self._processes]
+        return fetch, process_cpu_seconds(), self.wait_s, system_cpu_seconds(self._cpus), children
 
     def _check_gil(self, now: float) -> None:
         """Warn once when the loader is the bottleneck and its busy workers share one core.
@@ -237,22 +263,41 @@ class LoaderStats:
         machine-wide CPU use is read beside the process's, and the dataset is
         blamed only when at least :data:`FREE_CORE_THRESHOLD` of a core stood
         idle. Nothing is said while the training loop rarely waits for data,
-        nor on a free-threaded Python running without the GIL, nor when the
-        workers run in ``worker_processes`` children (this process's CPU time
-        does not include theirs, and the advice would be to use them).
+        nor on a free-threaded Python running without the GIL. Workers in
+        ``worker_processes`` children cost this process no CPU: each child's
+        dispatcher samples its own CPU time into the shared counters, and a
+        child whose threads (two or more) are busy on about one core is
+        GIL-bound the same way (one is enough for the warning, which then
+        advises fewer threads per process).
         """
-        then, (fetch0, cpu0, wait0, sys0) = self._gil_mark
-        fetch1, cpu1, wait1, sys1 = sample = self._gil_sample()
+        then, (fetch0, cpu0, wait0, sys0, children0) = self._gil_mark
+        fetch1, cpu1, wait1, sys1, children1 = sample = self._gil_sample()
         self._gil_mark = (now, sample)
         window = now - then
-        if (self.gil_warned or not self._workers_here or self._num_workers < 2 or self._cores < 2 or window <= 0
-                or not gil_enabled()):
+        if self.gil_warned or self._num_workers < 2 or self._cores < 2 or window <= 0 or not gil_enabled():
             return
-        util = (fetch1 - fetch0) / (window * self._num_workers)
-        cores = (cpu1 - cpu0) / window
-        waiting = (wait1 - wait0) / window
-        if not (util >= 0.6 and waiting >= 0.25 and 0.5 <= cores <= 1.15):
+        if (wait1 - wait0) / window < 0.25:  # the training loop rarely waits: the loader is not the bottleneck
             return
+        if self._workers_here:
+            util = (fetch1 - fetch0) / (window * self._num_workers)
+            cores = (cpu1 - cpu0) / window
+            if not _gil_bound(util, cores):
+                return
+            template, fields = GIL_WARNING, dict(workers=self._num_workers)
+        else:
+            # Each child's threads share that child's GIL; this process's CPU
+            # time shows none of their work. One GIL-bound child is enough.
+            bound = []
+            for group, (f0, c0), (f1, c1) in zip(self._processes, children0, children1):
+                util, cores = (f1 - f0) / (window * len(group)), (c1 - c0) / window
+                if len(group) >= 2 and _gil_bound(util, cores):
+                    bound.append((util, cores, len(group)))
+            if not bound:
+                return
+            util, cores = min(b[0] for b in bound), max(b[1] for b in bound)
+            template = GIL_WARNING_PROCESSES
+            fields = dict(workers=self._num_workers, processes=len(self._processes), procs=len(bound),
+                          threads=max(b[2] for b in bound))
         free_text = ""
         if sys0 is not None and sys1 is not None and sys1[1] > sys0[1]:
             free = self._cores - (sys1[0] - sys0[0]) / (sys1[1] - sys0[1])
@@ -262,9 +307,7 @@ class LoaderStats:
             free_text = f" and {free:.1f} of the {where} {self._cores} cores stood idle"
         self.gil_warned = True
         warnings.warn(
-            GIL_WARNING.format(
-                workers=self._num_workers, util=min(util, 1.0), window=window, cores=cores, free=free_text
-            ),
+            template.format(util=min(util, 1.0), window=window, cores=cores, free=free_text, **fields),
             RuntimeWarning,
             stacklevel=_caller_stacklevel(),
         )
