@@ -21,7 +21,7 @@ from PIL import Image
 from helpers import require_torchvision
 from threadloader import Frame, frame_collate
 from threadloader.datagen import photo_like_image
-from threadloader import _turbojpeg
+from threadloader.io import _turbojpeg
 from threadloader.io import (
     ImageDecodeError,
     RandomResizedCropLoader,

@@ -1103,7 +1103,7 @@ def test_no_warning_for_a_plain_run():
 def test_pinning_exception_reaches_user(monkeypatch, iterable):
     # Without an accelerator DataLoader never pins; pretend one exists and make
     # pinning fail, as a bad custom batch type's pin_memory() would.
-    import threadloader._worker_loop as engine
+    import threadloader._engine.worker_loop as engine
 
     def failing_pin(data, device):
         raise MemoryError("cannot pin")

@@ -638,10 +638,10 @@ def test_a_forked_copy_freed_in_a_child_leaves_the_owners_workers_alone():
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 @pytest.mark.parametrize("module,name", [
     ("threadloader.frames", "_publish_lock"),  # held by worker threads as they publish resized frames
-    ("threadloader._intraop", "_lock"),
+    ("threadloader._engine.intraop", "_lock"),
     ("threadloader._rng", "_lock"),
     ("threadloader._torch_compat", "_install_lock"),
-    ("threadloader._turbojpeg", "_lock"),
+    ("threadloader.io._turbojpeg", "_lock"),
     ("threadloader.integrations.accelerate", "_swap_lock"),  # held while Accelerate's prepare() runs
 ])
 def test_a_child_forked_while_another_thread_holds_a_module_lock_starts_with_it_free(module, name):

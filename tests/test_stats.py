@@ -12,7 +12,8 @@ import warnings
 import pytest
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
-from threadloader import ThreadDataLoader, _procs, stats
+from threadloader import ThreadDataLoader, stats
+from threadloader._procs import child as procs_child
 from threadloader.stats import GIL_CHECK_INTERVAL_S
 
 from helpers import Slow
@@ -179,7 +180,7 @@ def test_warns_when_the_threads_of_worker_processes_are_gil_bound(monkeypatch, n
     # Two or more threads per child take turns on that child's GIL: the check
     # was silent for every worker_processes loader. The children (forked)
     # inherit the faked CPU clock: each uses one core's worth.
-    monkeypatch.setattr(_procs, "process_cpu_seconds", one_core)
+    monkeypatch.setattr(procs_child, "process_cpu_seconds", one_core)
     monkeypatch.setattr(stats, "system_cpu_seconds", only_this_process_busy)
     loader = ThreadDataLoader(PythonLoop(100_000), batch_size=4, num_workers=num_workers,
                               worker_processes=worker_processes, multiprocessing_context="fork")
@@ -320,7 +321,7 @@ def test_iterable_fetch_time_is_never_negative_in_a_snapshot(monkeypatch):
     # The collate time is taken out of the fetch time in one update: a worker
     # paused right after its fetcher returned (descheduled) must not show a
     # negative fetch time to a snapshot taken meanwhile.
-    import threadloader._worker_loop as worker_loop
+    import threadloader._engine.worker_loop as worker_loop
 
     class PausesAfterFetch:
         def __init__(self, fetcher):

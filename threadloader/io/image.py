@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterator, Sequence, Union
 
 import numpy as np
 
-from .. import _turbojpeg
+from . import _turbojpeg
 from . import _jpeg_stream
 from ._codec import jpeg
 from .._pool import decode_pool

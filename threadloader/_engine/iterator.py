@@ -1,4 +1,4 @@
-"""The thread engine: the pool of worker threads and the iterator that drives it.
+"""The consumer side of the thread engine: the iterator that drives a pool of workers.
 
 The consumer (the thread iterating the loader) drives everything, exactly as
 DataLoader's main process does: it pulls indices from the sampler, assigns each
@@ -7,30 +7,24 @@ round-robin order, keeps at most ``prefetch_factor * num_workers`` tasks in
 flight, and releases results in sampler order (or as ready with
 ``in_order=False``). Because sampler iteration stays on the consumer thread,
 samplers need not be thread-safe and the global RNG is consumed exactly as
-DataLoader consumes it.
-
-What a worker does with a task is in :mod:`threadloader._worker_loop`. Keeping
-DataLoader's assignment (task i goes to worker i mod num_workers while all are
-active) is what makes per-worker randomness reproducible: each worker draws
-from its own generators in the same order as the worker process with the same
-id would.
+DataLoader consumes it. Keeping DataLoader's assignment (task i goes to worker
+i mod num_workers while all are active) is what makes per-worker randomness
+reproducible: each worker draws from its own generators in the same order as
+the worker process with the same id would.
 
 The consumer talks to its workers through a *pool*: ``submit(worker_id,
 job)``, a ``results`` queue it reads, ``generation`` / ``new_epoch()``,
-``counters`` and ``stop()``. :class:`ThreadPool` (here) runs the workers as
-threads of this process; ``threadloader._procs.ProcessPool`` spreads the same
-threads over child processes (``worker_processes``). All state the threads
-touch lives in ``_worker_loop._Shared``: one C-level job queue per worker and
-one result queue. Neither the threads nor the pool reference the iterator
-object, so dropping the iterator (``del``, garbage collection) runs its
-finalizer, which stops the pool.
+``counters`` and ``stop()``: :class:`threadloader._engine.pool.ThreadPool`
+(threads of this process) or :class:`threadloader._procs.ProcessPool` (the same
+threads spread over child processes, ``worker_processes``). Neither the
+threads nor the pool reference the iterator object, so dropping the iterator
+(``del``, garbage collection) runs its finalizer, which stops the pool.
 """
 
 from __future__ import annotations
 
 import itertools
 import queue
-import threading
 import time
 import weakref
 from typing import Any, Callable, NoReturn
@@ -38,130 +32,15 @@ from typing import Any, Callable, NoReturn
 import torch
 from torch.autograd.profiler import record_function
 
-from ._pool import decode_pool, host_pool
-from . import _inherit, worker
-from ._thread_view import WorkerThreadView
-from ._torch_compat import (
-    BaseDataLoaderIter,
-    DatasetKind,
-    ExceptionWrapper,
-    SingleProcessDataLoaderIter,
-    create_fetcher,
-    init_base_iterator,
-    profiler_enabled,
-    warn_iterable_length,
-)
-from ._worker_loop import (_CRASHED, _DATA, _DIED, _STOPPED, _SYNCED, STOPPED_MESSAGE, SYNC_TASK, ProcessDeath,
-                           ShortBatch, _Config, _drain, _Shared, _worker_main, samples_in)
-from .state import (DrawsAhead, EpochStart, RecordsProgressOnDrop, ResumePlan, dataset_state_of, generators_of,
-                    progress_record)
-from .stats import LoaderStats, WorkerCounters
+from .._pool import decode_pool, host_pool
+from .._torch_compat import (BaseDataLoaderIter, DatasetKind, ExceptionWrapper, init_base_iterator, profiler_enabled,
+                             warn_iterable_length)
+from ..state import EpochStart, RecordsProgressOnDrop, ResumePlan, dataset_state_of, progress_record
+from ..stats import LoaderStats
+from .pool import ThreadPool
+from .worker_loop import _CRASHED, _DATA, _DIED, _STOPPED, _SYNCED, SYNC_TASK, ProcessDeath, ShortBatch, _Config, samples_in
 
-#: How long shutdown waits, in total, for threads to finish the user call they
-#: are in. A thread stuck in user code is left to finish on its own (it is a
-#: daemon and exits at its next check); we never wait on it for long.
-JOIN_BUDGET_S = 1.0
-
-
-def _stop_threads(shared: _Shared, threads: list[threading.Thread]) -> None:
-    """Tell every worker to stop, then join them within :data:`JOIN_BUDGET_S`."""
-    shared.stopping = True
-    for jobs in shared.jobs.values():
-        _drain(jobs)
-        jobs.put(None)
-    deadline = time.monotonic() + JOIN_BUDGET_S
-    current = threading.current_thread()
-    for thread in threads:
-        if thread is not current:
-            thread.join(timeout=max(0.0, deadline - time.monotonic()))
-
-
-class ThreadPool:
-    """Worker threads for some of a loader's worker ids (all of them, or one process's share).
-
-    Args:
-        cfg: what every worker needs.
-        worker_ids: the global ids of the workers to run here.
-        results: where workers post ``(kind, generation, task, worker_id,
-            payload)``; a fresh ``SimpleQueue`` when None.
-        counters: per-worker counters keyed by global id; fresh
-            :class:`WorkerCounters` when None.
-    """
-
-    def __init__(self, cfg: _Config, worker_ids: list[int], results: Any = None, counters: Any = None) -> None:
-        self._owns_results = results is None
-        if results is None:
-            results = queue.SimpleQueue()
-        if counters is None:
-            counters = [WorkerCounters() for _ in range(cfg.num_workers)]
-        self._shared = shared = _Shared(list(worker_ids), results, counters)
-        self.results = results
-        self.counters = counters
-        # Each worker's own copy of the dataset, as a worker process has
-        # (persistent workers keep it). Made here, before the epoch draws its
-        # order: generators the dataset shares with the sampler are copied in
-        # the state they had when the workers started, as a process forks them.
-        #: Worker id -> its copy of the dataset (a persistent IterableDataset
-        #: copy carries its own state from epoch to epoch, as in a worker process).
-        self.replicas = {w: worker.worker_dataset(cfg.dataset) for w in worker_ids}
-        # Each worker starts as a forked worker process would: in the grad
-        # mode and contextvars of the thread starting the pool (_inherit).
-        caller = _inherit.capture()
-        self._threads = [
-            threading.Thread(target=_inherit.run_inheriting,
-                             args=(caller, _worker_main, shared, cfg, w, self.replicas[w]),
-                             name=f"threadloader-worker-{w}", daemon=True)
-            for w in worker_ids
-        ]
-        started: list[threading.Thread] = []
-        try:
-            for thread in self._threads:
-                thread.start()  # "can't start new thread" under a thread limit
-                started.append(thread)
-        except BaseException:
-            _stop_threads(shared, started)  # the ones running would wait for jobs for ever
-            raise
-
-    @property
-    def generation(self) -> int:
-        return self._shared.generation
-
-    def submit(self, worker_id: int, job: tuple[int, int, Any]) -> None:
-        """Queue ``(task, generation, index)`` for worker ``worker_id``.
-
-        Raises:
-            RuntimeError: the pool was stopped (no thread would ever run it).
-        """
-        if self._shared.stopping:
-            raise RuntimeError(STOPPED_MESSAGE)
-        self._shared.jobs[worker_id].put(job)
-
-    def new_epoch(self, generation: int | None = None) -> None:
-        """Start a new generation: results of older ones are stale from now on.
-
-        Jobs already queued still run, in order, before the new epoch's: as
-        DataLoader's persistent worker processes finish an abandoned epoch's
-        prefetched tasks, so that each worker's random streams advance by the
-        same draws, whatever the timing (the consumer drops their results).
-
-        Raises:
-            RuntimeError: the pool was stopped.
-        """
-        shared = self._shared
-        if shared.stopping:
-            raise RuntimeError(STOPPED_MESSAGE)
-        shared.generation = shared.generation + 1 if generation is None else generation
-
-    @property
-    def workers(self) -> list[WorkerThreadView]:
-        """Process-like views of the worker threads, in worker order."""
-        return [WorkerThreadView(t) for t in self._threads]
-
-    def stop(self) -> None:
-        """Stop and join the threads (idempotent), dropping undelivered results."""
-        _stop_threads(self._shared, self._threads)
-        if self._owns_results:
-            _drain(self.results)
+__all__ = ["ThreadedLoaderIter"]
 
 
 def _stop_pool(pool: Any, release_buffers: Any, stats: LoaderStats) -> None:
@@ -233,7 +112,7 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
         self._shutdown = False  # DataLoader's iterator attribute: True once its workers are shut down
         processes = getattr(loader, "worker_processes", 0)
         if processes:
-            from ._procs import ProcessPool  # the process layer builds on this module
+            from .._procs import ProcessPool  # the process layer builds on the engine's pool
 
             self._pool: Any = ProcessPool(cfg, processes, loader.multiprocessing_context)
         else:
@@ -611,142 +490,3 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
     def stats(self) -> LoaderStats:
         """Counters of this iterator (see :class:`threadloader.stats.LoaderStats`)."""
         return self._stats
-
-
-class ResumableSingleIter(RecordsProgressOnDrop, SingleProcessDataLoaderIter):
-    """DataLoader's own ``num_workers=0`` iterator, with checkpoint and resume."""
-
-    def __init__(self, loader: Any, plan: ResumePlan | None = None) -> None:
-        # torch's iterator calls iter() on an IterableDataset as it is built,
-        # which may change the dataset's state: its epoch-start state is now.
-        self._dataset_start = dataset_state_of(loader.dataset) if plan is None else None
-        super().__init__(loader)
-        self._finished = False
-        self._loader = loader
-        # As DataLoader's own iterator, the sampler is first asked for an
-        # index by the first next(), not here: draws from the global RNG in
-        # between, or a set_epoch() (Lightning calls it after iter()), must
-        # decide the order as they do in DataLoader. So the epoch's random
-        # state is recorded then, just before that first draw.
-        self._epoch_start: EpochStart | None = None
-        # Batches taken from the sampler: the received ones, and one whose
-        # fetch raised (DataLoader goes on with the next; it is not yielded).
-        self._taken = 0
-        self._draws_ahead: DrawsAhead | None = None
-        if plan is not None:
-            self._base_seed = plan.start.base_seed
-            plan.start.apply(loader)
-            self._epoch_start = plan.start
-            if self._dataset_kind == DatasetKind.Iterable:
-                # Made again from the restored dataset (torch made it before).
-                self._dataset_fetcher = create_fetcher(
-                    self._dataset_kind, self._dataset, self._auto_collation, self._collate_fn, self._drop_last)
-            self._sampler_iter = iter(self._index_sampler)
-            for _ in range(plan.consumed_prefix):
-                try:
-                    if self._dataset_kind == DatasetKind.Iterable:
-                        self._dataset_fetcher.fetch(self._next_index())  # replicas advance only by reading
-                    else:
-                        self._next_index()
-                except StopIteration:
-                    break
-                except Exception:  # noqa: BLE001 - a batch whose error was raised before the checkpoint
-                    continue
-            if plan.consumed_prefix == 0:
-                # The resumed epoch's order comes from the recorded state, which
-                # is in place only now (the loader restores the caller's RNG when
-                # iter() returns): let the sampler make its first draw here. With
-                # batches skipped it has drawn already; a sampler drawing per
-                # index must make its next draws after iter(), as it did then.
-                first = next(self._sampler_iter, _MISSING)
-                if first is not _MISSING:
-                    self._sampler_iter = itertools.chain([first], self._sampler_iter)
-            self._num_yielded = plan.num_yielded
-
-    def _capture_start(self) -> EpochStart:
-        return EpochStart.capture(self._loader, self._base_seed, self._dataset_start)
-
-    def _next_index(self) -> Any:
-        if self._epoch_start is None:
-            self._epoch_start = self._capture_start()
-        index = super()._next_index()
-        self._taken += 1
-        return index
-
-    def _next_data(self) -> Any:
-        ahead = self._draws_ahead
-        if ahead is not None:
-            ahead.show()  # the draws a checkpoint asked for ahead of this next()
-            self._draws_ahead = None
-            if ahead.error is not None:
-                raise ahead.error  # the sampler's, where DataLoader's next() raises it
-        try:
-            return super()._next_data()
-        except StopIteration:
-            self._finished = True
-            raise
-
-    def progress(self, *, confirm_end: bool = True) -> dict[str, Any] | None:
-        """This epoch's checkpoint record, or None once the epoch is over.
-
-        Args:
-            confirm_end: when every batch ``len()`` promises was yielded, ask
-                the sampler for one more index to confirm the end, as the next
-                ``next()`` would (False: take ``len()``'s word).
-        """
-        if self._finished:
-            return None
-        if self._epoch_start is None:
-            # Before the first next(): nothing of the epoch is drawn yet. The
-            # record is where it starts now; resuming it makes the epoch's
-            # draws for good ("fresh"), as this iterator would have.
-            return progress_record(self._capture_start(), 0, [], self._num_yielded, fresh=True)
-        if self._all_received(confirm_end):
-            return None
-        return progress_record(self._epoch_start, self._taken, [], self._num_yielded)
-
-    def _progress_on_drop(self) -> dict[str, Any] | None:
-        # A dropped iterator (break, or zip() with a loader as long) is never
-        # asked for another index, as DataLoader's is not: stepping its sampler
-        # here would run code after the sampler's last yield (RandomSampler's
-        # trailing randperm moves the generator, and every later shuffle).
-        return self.progress(confirm_end=False)
-
-    def _all_received(self, confirm_end: bool) -> bool:
-        # Every batch of a map-style epoch was yielded (a checkpoint at its last
-        # batch): the epoch is over, as for the threaded iterator.
-        if self._dataset_kind == DatasetKind.Iterable or self._epoch_start is None:
-            return False
-        try:
-            if self._taken < len(self._index_sampler):
-                return False
-        except TypeError:  # a sampler without len()
-            return False
-        if not confirm_end:
-            return True
-        if self._draws_ahead is not None:  # asked already (an earlier checkpoint)
-            self._draws_ahead.show()
-            return self._draws_ahead.ended
-        # Confirmed by asking the sampler for one more index, as the next
-        # next() would: a sampler may draw before it stops (RandomSampler
-        # does), and the RNG state saved with the checkpoint must follow it.
-        # The live generators get those draws back only at that next()
-        # (checkpoint_taken, _next_data).
-        generators = generators_of(self._loader)
-        before = [g.get_state() for g in generators]
-        error = None
-        try:
-            extra = next(self._sampler_iter)
-            self._sampler_iter = itertools.chain([extra], self._sampler_iter)
-            ended = False
-        except StopIteration:
-            ended = True
-        except Exception as e:  # noqa: BLE001 - raised by the next next(), as DataLoader's is
-            ended, error = False, e
-        self._draws_ahead = DrawsAhead(generators, before, ended, error)
-        return ended
-
-    def checkpoint_taken(self) -> None:
-        if self._draws_ahead is not None:
-            self._draws_ahead.hold_back()
-

@@ -9,7 +9,7 @@ own replica iterator. Results, or the exception wrapped with where it
 happened, go to the result queue. :class:`_Shared` is all a worker shares with
 its pool's owner; nothing here references the iterator.
 
-The same loop runs in this process (:class:`threadloader._engine.ThreadPool`)
+The same loop runs in this process (:class:`threadloader._engine.pool.ThreadPool`)
 and inside ``worker_processes`` children (:mod:`threadloader._procs`).
 """
 
@@ -23,12 +23,12 @@ from typing import Any, Callable, NamedTuple
 
 import torch
 
-from . import _context, worker
-from ._interpreter import FREE_THREADED_BUILD
-from ._intraop import limit_this_thread
-from ._pool import decode_pool
-from ._torch_compat import DatasetKind, ExceptionWrapper, create_fetcher, pin_memory
-from .stats import WorkerCounters
+from .. import _context, worker
+from .._interpreter import FREE_THREADED_BUILD
+from .intraop import limit_this_thread
+from .._pool import decode_pool
+from .._torch_compat import DatasetKind, ExceptionWrapper, create_fetcher, pin_memory
+from ..stats import WorkerCounters
 
 #: On a free-threaded build, how often an idle worker thread wakes to free
 #: the objects it made that other threads have dropped (see ``next_job``).

@@ -1,0 +1,131 @@
+"""The pool of worker threads: :class:`ThreadPool` starts, feeds and stops them.
+
+A pool runs some of a loader's workers (all of them here, or one child
+process's share under ``worker_processes``) as threads of this process. Each
+worker runs :func:`threadloader._engine.worker_loop._worker_main` on its own
+copy of the dataset, started in the grad mode and contextvars of the thread
+starting the pool (:mod:`threadloader._engine.inherit`), and posts its results
+to one queue. The pool owns its threads: :meth:`ThreadPool.stop` tells them to
+stop and joins them within :data:`JOIN_BUDGET_S`.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import Any
+
+from .. import worker
+from ..stats import WorkerCounters
+from . import inherit
+from .thread_view import WorkerThreadView
+from .worker_loop import STOPPED_MESSAGE, _Config, _drain, _Shared, _worker_main
+
+__all__ = ["JOIN_BUDGET_S", "ThreadPool"]
+
+#: How long shutdown waits, in total, for threads to finish the user call they
+#: are in. A thread stuck in user code is left to finish on its own (it is a
+#: daemon and exits at its next check); we never wait on it for long.
+JOIN_BUDGET_S = 1.0
+
+
+def _stop_threads(shared: _Shared, threads: list[threading.Thread]) -> None:
+    """Tell every worker to stop, then join them within :data:`JOIN_BUDGET_S`."""
+    shared.stopping = True
+    for jobs in shared.jobs.values():
+        _drain(jobs)
+        jobs.put(None)
+    deadline = time.monotonic() + JOIN_BUDGET_S
+    current = threading.current_thread()
+    for thread in threads:
+        if thread is not current:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+
+
+class ThreadPool:
+    """Worker threads for some of a loader's worker ids (all of them, or one process's share).
+
+    Args:
+        cfg: what every worker needs.
+        worker_ids: the global ids of the workers to run here.
+        results: where workers post ``(kind, generation, task, worker_id,
+            payload)``; a fresh ``SimpleQueue`` when None.
+        counters: per-worker counters keyed by global id; fresh
+            :class:`WorkerCounters` when None.
+    """
+
+    def __init__(self, cfg: _Config, worker_ids: list[int], results: Any = None, counters: Any = None) -> None:
+        self._owns_results = results is None
+        if results is None:
+            results = queue.SimpleQueue()
+        if counters is None:
+            counters = [WorkerCounters() for _ in range(cfg.num_workers)]
+        self._shared = shared = _Shared(list(worker_ids), results, counters)
+        self.results = results
+        self.counters = counters
+        # Each worker's own copy of the dataset, as a worker process has
+        # (persistent workers keep it). Made here, before the epoch draws its
+        # order: generators the dataset shares with the sampler are copied in
+        # the state they had when the workers started, as a process forks them.
+        #: Worker id -> its copy of the dataset (a persistent IterableDataset
+        #: copy carries its own state from epoch to epoch, as in a worker process).
+        self.replicas = {w: worker.worker_dataset(cfg.dataset) for w in worker_ids}
+        # Each worker starts as a forked worker process would: in the grad
+        # mode and contextvars of the thread starting the pool (threadloader._engine.inherit).
+        caller = inherit.capture()
+        self._threads = [
+            threading.Thread(target=inherit.run_inheriting,
+                             args=(caller, _worker_main, shared, cfg, w, self.replicas[w]),
+                             name=f"threadloader-worker-{w}", daemon=True)
+            for w in worker_ids
+        ]
+        started: list[threading.Thread] = []
+        try:
+            for thread in self._threads:
+                thread.start()  # "can't start new thread" under a thread limit
+                started.append(thread)
+        except BaseException:
+            _stop_threads(shared, started)  # the ones running would wait for jobs for ever
+            raise
+
+    @property
+    def generation(self) -> int:
+        return self._shared.generation
+
+    def submit(self, worker_id: int, job: tuple[int, int, Any]) -> None:
+        """Queue ``(task, generation, index)`` for worker ``worker_id``.
+
+        Raises:
+            RuntimeError: the pool was stopped (no thread would ever run it).
+        """
+        if self._shared.stopping:
+            raise RuntimeError(STOPPED_MESSAGE)
+        self._shared.jobs[worker_id].put(job)
+
+    def new_epoch(self, generation: int | None = None) -> None:
+        """Start a new generation: results of older ones are stale from now on.
+
+        Jobs already queued still run, in order, before the new epoch's: as
+        DataLoader's persistent worker processes finish an abandoned epoch's
+        prefetched tasks, so that each worker's random streams advance by the
+        same draws, whatever the timing (the consumer drops their results).
+
+        Raises:
+            RuntimeError: the pool was stopped.
+        """
+        shared = self._shared
+        if shared.stopping:
+            raise RuntimeError(STOPPED_MESSAGE)
+        shared.generation = shared.generation + 1 if generation is None else generation
+
+    @property
+    def workers(self) -> list[WorkerThreadView]:
+        """Process-like views of the worker threads, in worker order."""
+        return [WorkerThreadView(t) for t in self._threads]
+
+    def stop(self) -> None:
+        """Stop and join the threads (idempotent), dropping undelivered results."""
+        _stop_threads(self._shared, self._threads)
+        if self._owns_results:
+            _drain(self.results)
