@@ -9,15 +9,18 @@ outlives it.
 from __future__ import annotations
 
 import collections
+import contextlib
 import gc
 import inspect
 import json
+import multiprocessing
 import os
 import re
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import warnings
 from multiprocessing import forkserver, resource_tracker
@@ -680,6 +683,80 @@ def test_a_child_forked_while_a_loaders_stats_lock_is_held_can_use_its_stats(cop
             os._exit(0 if ok else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def _holds_write_end(pid: int, pipe: str) -> bool:
+    """Whether process ``pid`` has ``pipe`` (``pipe:[inode]``) open for writing."""
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(FileNotFoundError):
+            if os.readlink(f"/proc/{pid}/fd/{fd}") == pipe:
+                with open(f"/proc/{pid}/fdinfo/{fd}") as info:
+                    flags = int(info.read().split("flags:")[1].split()[0], 8)
+                if flags & 3 == os.O_WRONLY:
+                    return True
+    return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
+def test_pools_started_at_once_from_two_threads_keep_their_result_pipes_apart():
+    # A child of one pool forked while another pool's result pipe was still
+    # open for writing in the parent kept it: that other child's receiver then
+    # waited for ever on a message cut short by its child's death (no end of
+    # file), and the consumer hung. Seen in 8 of 30 concurrent starts.
+    from threadloader._engine.worker_loop import _Config
+    from threadloader._procs import ProcessPool
+
+    cfg = _Config(dataset=list(range(4)), kind=0, auto_collation=False, collate_fn=lambda x: x, drop_last=False,
+                  base_seed=0, init_fn=None, num_workers=1, pin=False, pin_device=None, device_index=None)
+    for _ in range(12):
+        pools: dict[str, ProcessPool] = {}
+        barrier = threading.Barrier(2)
+
+        def start(name: str) -> None:
+            barrier.wait()
+            pools[name] = ProcessPool(cfg, 1, multiprocessing.get_context("fork"))
+
+        threads = [threading.Thread(target=start, args=(name,)) for name in "AB"]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        try:
+            for me, other in ("AB", "BA"):
+                pipe = os.readlink(f"/proc/self/fd/{pools[me]._children[0].results._reader.fileno()}")
+                assert not _holds_write_end(pools[other].pids[0], pipe), f"pool {other}'s child holds {me}'s pipe"
+        finally:
+            for pool in pools.values():
+                pool.stop()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork") or not os.path.isdir("/proc/self/fd"), reason="needs fork and /proc")
+def test_a_private_pipe_end_reaches_only_its_owners_forked_child():
+    from threadloader import _fork
+
+    read_end, write_end = os.pipe()
+    pipe = os.readlink(f"/proc/self/fd/{write_end}")
+
+    def forked_child_sees() -> str:
+        pid = os.fork()
+        if pid == 0:
+            seen = os.readlink(f"/proc/self/fd/{write_end}")
+            os._exit(0 if seen == pipe else 1 if seen == os.devnull else 2)
+        _, status = os.waitpid(pid, 0)
+        return {0: "pipe", 1: "devnull"}.get(os.waitstatus_to_exitcode(status), "?")
+
+    owner = object()
+    try:
+        _fork.private_fd(write_end, owner)
+        assert forked_child_sees() == "devnull"  # any other fork: a thread's os.fork, a DataLoader
+        with _fork.forking_for(owner):
+            assert forked_child_sees() == "pipe"  # the owner's own child
+        _fork.release_private_fd(write_end)
+        assert forked_child_sees() == "pipe"
+    finally:
+        _fork.release_private_fd(write_end)
+        os.close(read_end)
+        os.close(write_end)
 
 
 # --- resume, stats, pinning ---------------------------------------------------------------

@@ -1,23 +1,34 @@
-"""Locks made anew in a forked child.
+"""What a forked child must not keep as it was: locks held by other threads, pipe ends it must not hold.
 
-A child forked while another thread of the parent held one of them would
+A child forked while another thread of the parent held one of our locks would
 start with it held for ever (the forking thread is the only one there), and
 its first use would hang: a ``worker_processes`` loader (or a DataLoader)
 started with ``fork`` while another loader's threads run, say. Module-level
 locks are named by module (:func:`renew_after_fork`), an object's own locks by
 the object (:func:`renew_lock_after_fork`, held weakly). The buffer pools reset
 more than their lock and register their own hook (:mod:`threadloader._pool`).
+
+A forked child also holds a copy of every file descriptor open at the fork,
+among them, for a moment, the write end of another ``worker_processes``
+child's result pipe: between the pipe's creation and its close in the parent
+once its own child has started. A child forked in that moment (another pool
+starting in another thread, a DataLoader, ``os.fork``) would keep that pipe
+open, so the receiver of a child killed in the middle of a message would wait
+for the rest for ever instead of reading end of file. Such descriptors are
+registered (:func:`private_fd`) and, in every forked child but the one they
+are for (:func:`forking_for`), pointed at ``/dev/null``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
 import weakref
-from typing import Any
+from typing import Any, Iterator
 
-__all__ = ["renew_after_fork", "renew_lock_after_fork"]
+__all__ = ["forking_for", "private_fd", "release_private_fd", "renew_after_fork", "renew_lock_after_fork"]
 
 
 def renew_after_fork(module_name: str, *names: str) -> None:
@@ -54,3 +65,55 @@ def _renew_object_locks() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_renew_object_locks)
+
+
+#: File descriptor -> the owner (a token) of the one forked child that may keep it.
+_private_fds: dict[int, object] = {}
+_private_fds_guard = threading.Lock()
+_forking = threading.local()
+
+
+def private_fd(fd: int, owner: object) -> None:
+    """Register ``fd`` as one that only ``owner``'s child may inherit (see the module's docstring)."""
+    with _private_fds_guard:
+        _private_fds[fd] = owner
+
+
+def release_private_fd(fd: int) -> None:
+    """Unregister ``fd``; call it *before* closing ``fd`` (once closed, its number may name another file)."""
+    with _private_fds_guard:
+        _private_fds.pop(fd, None)
+
+
+@contextlib.contextmanager
+def forking_for(owner: object) -> Iterator[None]:
+    """Within this block, a fork made by this thread is ``owner``'s child: it keeps ``owner``'s descriptors."""
+    _forking.owner = owner
+    try:
+        yield
+    finally:
+        _forking.owner = None
+
+
+def _drop_private_fds() -> None:
+    global _private_fds_guard
+    _private_fds_guard = threading.Lock()
+    mine = getattr(_forking, "owner", None)  # the forking thread's (thread-locals survive in the child)
+    others = [fd for fd, owner in _private_fds.items() if owner is not mine]
+    _private_fds.clear()  # the parent's registrations, not this child's
+    if not others:
+        return
+    # Pointed at /dev/null, not closed: the objects holding these numbers live
+    # on in the child's copy of the parent's memory, and a later close of
+    # theirs must not hit a file the child opened with a reused number.
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for fd in others:
+            with contextlib.suppress(OSError):
+                os.dup2(null, fd)
+    finally:
+        os.close(null)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_drop_private_fds)

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 import torch.multiprocessing as torch_mp
 
-from .. import _torch_compat
+from .. import _fork, _torch_compat
 from .._engine.pool import JOIN_BUDGET_S
 from .._engine.worker_loop import _CRASHED, _DATA, _DIED, STOPPED_MESSAGE, ProcessDeath, _Config, _drain, pin_task
 from .._torch_compat import ExceptionWrapper
@@ -87,6 +87,11 @@ def check_worker_processes(worker_processes: Any, num_workers: int) -> None:
         )
 
 
+#: Held while a pool makes and starts one child (see ProcessPool.__init__).
+_start_lock = threading.Lock()
+_fork.renew_after_fork(__name__, "_start_lock")
+
+
 class _Child:
     """One worker process and the parent's ends of its queues."""
 
@@ -99,8 +104,26 @@ class _Child:
         # has just terminated (the exit would hang, pytorch#48666).
         self.jobs.cancel_join_thread()
         self.results = ctx.Queue()
+        # Its write end is for its child alone (see close_writing_end).
+        self._writer = getattr(self.results, "_writer", None)  # multiprocessing.Queue's end (not public API)
+        if self._writer is not None:
+            _fork.private_fd(self._writer.fileno(), self)
         self.process: Any = None
         self.receiver: threading.Thread | None = None
+
+    def close_writing_end(self) -> None:
+        """Close this process's copy of the write end of the child's result queue (the child has its own; idempotent).
+
+        Then a child that dies in the middle of writing a result leaves its
+        receiver an end of file, not a read that waits for ever for the rest of
+        the message. Closed right after the child started, so children started
+        later do not inherit it; a process forked before that, by another
+        thread, gets ``/dev/null`` in its place (:mod:`threadloader._fork`).
+        """
+        writer, self._writer = self._writer, None
+        if writer is not None and not writer.closed:
+            _fork.release_private_fd(writer.fileno())
+            writer.close()
 
 
 class ProcessPool:
@@ -138,17 +161,21 @@ class ProcessPool:
         self._children: list[_Child] = []
         try:
             for p in range(num_processes):
-                child = _Child(self._ctx, p, list(range(p, num_workers, num_processes)))
-                self._children.append(child)
-                child.process = self._ctx.Process(
-                    target=child_main,
-                    args=(child_cfg, child.worker_ids, child.jobs, child.results, self._counter_tensor,
-                          os.getpid(), death_signal),
-                    name=f"threadloader-process-{p}",
-                    daemon=True,
-                )
-                _start(child.process)
-                _close_writing_end(child.results)
+                # One child at a time across pools: another pool's fork must not
+                # fall between this pipe's creation and its registration.
+                with _start_lock:
+                    child = _Child(self._ctx, p, list(range(p, num_workers, num_processes)))
+                    self._children.append(child)
+                    child.process = self._ctx.Process(
+                        target=child_main,
+                        args=(child_cfg, child.worker_ids, child.jobs, child.results, self._counter_tensor,
+                              os.getpid(), death_signal),
+                        name=f"threadloader-process-{p}",
+                        daemon=True,
+                    )
+                    with _fork.forking_for(child):  # its child (fork) keeps its result pipe's write end
+                        _start(child.process)
+                    child.close_writing_end()
             for child in self._children:
                 child.receiver = threading.Thread(
                     target=_receive, args=(self, child), name=f"threadloader-receiver-{child.index}", daemon=True
@@ -252,7 +279,14 @@ class ProcessPool:
             if child.receiver is current:  # stopped from its own receiver (GC there): it exits next
                 continue
             if child.receiver is not None:
-                child.receiver.join()
+                # It stops within POLL_S of its last result. One still blocked
+                # (a result pipe's write end held by a process forked outside
+                # threadloader: see _fork) is left, a daemon, with its queue open:
+                # closing a pipe another thread reads could hand it a reused number.
+                child.receiver.join(timeout=JOIN_BUDGET_S + POLL_S)
+                if child.receiver.is_alive():
+                    continue
+            child.close_writing_end()  # a child that failed to start still had it
             for q in (child.jobs, child.results):
                 q.cancel_join_thread()
                 q.close()
@@ -275,19 +309,6 @@ def _start(process: Any) -> None:
     except (TypeError, AttributeError, pickle.PicklingError):
         _torch_compat.warn_as_worker_start(PICKLE_WARNING)
         raise
-
-
-def _close_writing_end(results: Any) -> None:
-    """Close this process's copy of the write end of a child's result queue (the child has its own).
-
-    Then a child that dies in the middle of writing a result leaves its
-    receiver an end of file, not a read that waits for ever for the rest of
-    the message. Closed right after the child started: children started later
-    (and any other process forked from this one) do not inherit it either.
-    """
-    writer = getattr(results, "_writer", None)  # multiprocessing.Queue's end (not public API)
-    if writer is not None:
-        writer.close()
 
 
 def _receive(pool: ProcessPool, child: _Child) -> None:
