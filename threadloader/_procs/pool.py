@@ -34,6 +34,7 @@ import threading
 import time
 from typing import Any
 
+import numpy as np
 import torch
 import torch.multiprocessing as torch_mp
 
@@ -42,7 +43,7 @@ from .._engine.pool import JOIN_BUDGET_S
 from .._engine.worker_loop import _CRASHED, _DATA, _DIED, STOPPED_MESSAGE, ProcessDeath, _Config, _drain, pin_task
 from .._torch_compat import ExceptionWrapper
 from .child import POLL_S, child_main
-from .counters import COLUMNS, ArrayCounters
+from .counters import COLUMNS, CPU, ArrayCounters
 from .wire import NEW_EPOCH, ReceiveError
 
 __all__ = ["ProcessPool", "check_worker_processes"]
@@ -153,6 +154,7 @@ class ProcessPool:
         workers = range(num_workers)  # first: a float gives DataLoader's TypeError, as with threads
         self._counter_tensor = torch.zeros((len(workers), COLUMNS), dtype=torch.float64).share_memory_()
         array = self._counter_tensor.numpy()
+        array[:, CPU] = np.nan  # not sampled yet: no GIL verdict on a window starting before the child runs
         self.counters = [ArrayCounters(array, w, w % num_processes) for w in workers]
         child_cfg = dataclasses.replace(cfg, pin=False, device_index=None)
         # A parent-death signal fires when the *thread* that forked exits: only
