@@ -408,6 +408,98 @@ def test_generators_of_a_wrapped_dataset_are_each_workers_own(wrap):
         assert [to_list(b) for b in ThreadDataLoader(ds, batch_size=2, num_workers=2)] == oracle
 
 
+class _RandFlip:
+    """A transform holding its own generator (MONAI's ``Randomizable``: ``self.R``)."""
+
+    def __init__(self):
+        self.R = np.random.RandomState()
+
+    def set_random_state(self, seed):
+        self.R = np.random.RandomState(seed)
+
+    def __call__(self, x):
+        return -x if self.R.rand() < 0.5 else x
+
+
+class _AddNoise(_RandFlip):
+    def __call__(self, x):
+        return x + float(self.R.normal())
+
+
+class _Compose:
+    def __init__(self, transforms):
+        self.transforms = list(transforms)
+        self.torch_rng = torch.Generator().manual_seed(11)  # a pipeline-level generator too
+
+    def __call__(self, x):
+        for t in self.transforms:
+            x = t(x)
+        return x + torch.rand((), generator=self.torch_rng).item()
+
+
+class _Pipelined(Dataset):
+    """Random transforms inside a pipeline inside the dataset, with data that must stay shared."""
+
+    def __init__(self, n=24):
+        flip = _RandFlip()
+        self.data = np.arange(n, dtype=np.float64)
+        self.files = [f"f{i}" for i in range(200)]  # a long list: data, not searched
+        self.transform = _Compose([flip, _AddNoise(), flip])  # one transform twice
+        self.extra = {"aug": (flip,)}  # reached again by another path
+        self.noise = _AddNoise().__call__  # a method of an object holding a generator
+
+    def __len__(self):
+        return len(self.data)
+
+    def __getitem__(self, i):
+        time.sleep(0.001 * (i % 3))  # workers interleave differently on every run
+        t = self.transform
+        assert t.transforms[0] is t.transforms[2] is self.extra["aug"][0]  # one object, as in a process
+        return self.noise(t(self.data[i]))
+
+
+def _reseed_transforms(worker_id):
+    # MONAI's worker_init_fn pattern: reseed the worker's dataset's transforms.
+    info = torch.utils.data.get_worker_info()
+    for k, t in enumerate(info.dataset.transform.transforms):
+        t.set_random_state(info.seed % (2**32) + k)
+
+
+@pytest.mark.parametrize("init_fn", [None, _reseed_transforms])
+@pytest.mark.parametrize("num_workers,worker_processes,persistent", [(2, 0, False), (4, 0, True), (4, 2, False)])
+def test_generators_inside_a_datasets_transforms_are_each_workers_own(init_fn, num_workers, worker_processes, persistent):
+    # They were shared by the threads (a shallow copy): the draws went in the
+    # order the threads ran, and a worker_init_fn reseeding them reseeded one
+    # shared object (the last worker's seed won). MONAI's random transforms.
+    ds = _Pipelined()
+    before = ds.transform.transforms[1].R.get_state()[1].copy()
+    kwargs = dict(batch_size=3, num_workers=num_workers, worker_init_fn=init_fn, persistent_workers=persistent,
+                  shuffle=True)
+
+    def epochs(cls, **extra):
+        loader = cls(ds, **kwargs, **extra, generator=torch.Generator().manual_seed(5))
+        return [[b.tolist() for b in loader] for _ in range(2)]
+
+    oracle = epochs(DataLoader, multiprocessing_context="fork")
+    for _ in range(2):
+        assert epochs(ThreadDataLoader, worker_processes=worker_processes) == oracle
+    assert (ds.transform.transforms[1].R.get_state()[1] == before).all()  # the loader's dataset keeps its own
+
+
+def test_a_workers_dataset_copies_only_what_leads_to_a_generator():
+    from threadloader._replica import worker_dataset
+
+    ds = _Pipelined()
+    ds.plain = {"a": [1, 2, 3]}
+    copy_ = worker_dataset(ds)
+    assert copy_.data is ds.data and copy_.files is ds.files and copy_.plain is ds.plain  # shared data
+    assert copy_.transform is not ds.transform and copy_.transform.transforms is not ds.transform.transforms
+    assert copy_.transform.transforms[0].R is not ds.transform.transforms[0].R
+    assert copy_.transform.transforms[0] is copy_.extra["aug"][0]  # one object under two paths stays one
+    assert copy_.transform.torch_rng is not ds.transform.torch_rng
+    assert copy_.noise.__self__.R is not ds.noise.__self__.R
+
+
 class _Seeded(random.Random):
     """A generator subclass whose constructor needs arguments (deepcopy cannot rebuild it)."""
 

@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Any
 
-from .. import worker
+from .._replica import worker_dataset
 from ..stats import WorkerCounters
 from . import inherit
 from .thread_view import WorkerThreadView
@@ -70,7 +70,7 @@ class ThreadPool:
         # the state they had when the workers started, as a process forks them.
         #: Worker id -> its copy of the dataset (a persistent IterableDataset
         #: copy carries its own state from epoch to epoch, as in a worker process).
-        self.replicas = {w: worker.worker_dataset(cfg.dataset) for w in worker_ids}
+        self.replicas = {w: worker_dataset(cfg.dataset) for w in worker_ids}
         # Each worker starts as a forked worker process would: in the grad
         # mode and contextvars of the thread starting the pool (threadloader._engine.inherit).
         caller = inherit.capture()

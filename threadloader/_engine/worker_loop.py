@@ -27,6 +27,7 @@ from .. import _context, worker
 from .._interpreter import FREE_THREADED_BUILD
 from .intraop import limit_this_thread
 from .._pool import decode_pool
+from .._replica import rebound
 from .._torch_compat import DatasetKind, ExceptionWrapper, create_fetcher, pin_memory
 from ..stats import WorkerCounters
 
@@ -130,7 +131,7 @@ def _worker_main(shared: _Shared, cfg: _Config, worker_id: int, replica: Any) ->
     """Body of one worker thread: set up worker info, init, then serve tasks.
 
     Args:
-        replica: this worker's copy of the dataset (:func:`worker.worker_dataset`),
+        replica: this worker's copy of the dataset (:func:`threadloader._replica.worker_dataset`),
             made by the pool's owner before the epoch drew anything.
     """
     # Room in the decode pool for one task's frames (they all live until
@@ -143,8 +144,8 @@ def _worker_main(shared: _Shared, cfg: _Config, worker_id: int, replica: Any) ->
             torch.accelerator.set_device_index(cfg.device_index)
         # The dataset's own methods passed as hooks follow its copy.
         cfg = dataclasses.replace(
-            cfg, dataset=replica, init_fn=worker.rebound(cfg.init_fn, cfg.dataset, replica),
-            collate_fn=worker.rebound(cfg.collate_fn, cfg.dataset, replica))
+            cfg, dataset=replica, init_fn=rebound(cfg.init_fn, cfg.dataset, replica),
+            collate_fn=rebound(cfg.collate_fn, cfg.dataset, replica))
         worker.enter_worker(worker_id, cfg.num_workers, cfg.base_seed, cfg.dataset, process_wide=cfg.owns_process)
         # This thread only ever collates for this loader: tell collate
         # functions (frame_collate) once whether batches get pinned.
