@@ -500,6 +500,101 @@ def test_a_workers_dataset_copies_only_what_leads_to_a_generator():
     assert copy_.noise.__self__.R is not ds.noise.__self__.R
 
 
+class _AugmentsWithItsOwnMethod(Dataset):
+    """``self.transform = self.augment``: the transform refers back to the dataset and its generator."""
+
+    def __init__(self):
+        self.rng = np.random.default_rng(0)
+        self.transform = self.augment
+
+    def augment(self, x):
+        return x + float(self.rng.random())
+
+    def __len__(self):
+        return 12
+
+    def __getitem__(self, i):
+        time.sleep(0.001 * (i % 3))
+        return self.transform(float(i))
+
+
+def test_a_transform_bound_to_the_dataset_draws_from_the_workers_copy():
+    ds = _AugmentsWithItsOwnMethod()
+    oracle = [b.tolist() for b in DataLoader(ds, batch_size=2, num_workers=2, multiprocessing_context="fork")]
+    for _ in range(2):
+        assert [b.tolist() for b in ThreadDataLoader(ds, batch_size=2, num_workers=2)] == oracle
+    assert ds.rng.random() == np.random.default_rng(0).random()
+
+
+class _SlottedConfig:
+    """``__slots__`` and a ``__getattr__`` that raises KeyError for unknown names (``vars()`` asks for ``__dict__``)."""
+
+    __slots__ = ("d",)
+
+    def __init__(self):
+        self.d = {"scale": 2}
+
+    def __getattr__(self, name):
+        return self.d[name]
+
+
+class _SharesItsNamespace:
+    """A ``__copy__`` that hands back an object sharing the original's ``__dict__``."""
+
+    def __init__(self):
+        self.rng = random.Random(4)
+
+    def __copy__(self):
+        other = object.__new__(type(self))
+        object.__setattr__(other, "__dict__", self.__dict__)
+        return other
+
+
+class _OddHolders(Dataset):
+    def __init__(self):
+        self.config = _SlottedConfig()
+        self.shared = _SharesItsNamespace()
+
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        return i * self.config.scale
+
+
+def test_objects_that_resist_the_search_are_shared_not_fatal():
+    # vars() of the config raised KeyError through its __getattr__ and killed iter();
+    # the namespace-sharing copy would have had its generator replaced in the user's object.
+    ds = _OddHolders()
+    rng = ds.shared.rng
+    oracle = [b.tolist() for b in DataLoader(ds, batch_size=2, num_workers=2, multiprocessing_context="fork")]
+    assert [b.tolist() for b in ThreadDataLoader(ds, batch_size=2, num_workers=2)] == oracle
+    assert ds.shared.rng is rng
+
+
+def test_generators_in_namedtuples_ordered_dicts_and_partials_are_each_workers_own():
+    import collections
+    import functools
+
+    from threadloader._replica import worker_dataset
+
+    Pair = collections.namedtuple("Pair", "rng label")
+
+    class Holder(Dataset):
+        def __init__(self):
+            self.pair = Pair(random.Random(1), "a")
+            self.ordered = collections.OrderedDict(rng=np.random.default_rng(2))
+            self.defaults = collections.defaultdict(list, rng=torch.Generator().manual_seed(3))
+            self.partial = functools.partial(random.Random.random, random.Random(5))
+
+    ds = Holder()
+    copy_ = worker_dataset(ds)
+    assert type(copy_.pair) is Pair and copy_.pair.rng is not ds.pair.rng and copy_.pair.label == "a"
+    assert type(copy_.ordered) is collections.OrderedDict and copy_.ordered["rng"] is not ds.ordered["rng"]
+    assert copy_.defaults.default_factory is list and copy_.defaults["rng"] is not ds.defaults["rng"]
+    assert copy_.partial.args[0] is not ds.partial.args[0] and copy_.partial() == ds.partial()
+
+
 class _Seeded(random.Random):
     """A generator subclass whose constructor needs arguments (deepcopy cannot rebuild it)."""
 

@@ -195,6 +195,32 @@ def test_warns_when_the_threads_of_worker_processes_are_gil_bound(monkeypatch, n
     assert gil[0].filename == __file__, gil[0].filename
 
 
+class OneBusyWorker(Dataset):
+    """Worker 0's batches take time, worker 1's none (batch 4, two workers): in order, worker 1 mostly idles."""
+
+    def __len__(self) -> int:
+        return 100_000
+
+    def __getitem__(self, i: int) -> int:
+        if (i // 4) % 2 == 0:
+            time.sleep(0.005)
+        return i
+
+
+@needs_two_cores
+def test_no_gil_warning_when_one_thread_of_a_worker_process_does_all_the_work(monkeypatch):
+    # One busy thread on one core (the child's clock says one core) is no sign
+    # of the GIL: the other thread idles. Its average share (0.5) warned.
+    monkeypatch.setattr(procs_child, "process_cpu_seconds", one_core)
+    monkeypatch.setattr(stats, "system_cpu_seconds", only_this_process_busy)
+    loader = ThreadDataLoader(OneBusyWorker(), batch_size=4, num_workers=2, worker_processes=1,
+                              multiprocessing_context="fork")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run_for(loader, 3 * GIL_CHECK_INTERVAL_S + 0.5)
+    assert [w for w in caught if "holds the GIL" in str(w.message)] == []
+
+
 @needs_two_cores
 def test_no_gil_warning_when_the_threads_of_a_worker_process_wait_on_io(monkeypatch):
     # Busy threads (sleeping in their fetch) whose process uses almost no CPU:

@@ -13,6 +13,7 @@ reseeds them reseeds that worker's alone. What holds no generator is shared.
 from __future__ import annotations
 
 import copy
+import functools
 import random
 import types
 from typing import Any, Callable
@@ -29,8 +30,9 @@ __all__ = ["rebound", "worker_dataset"]
 _MAX_WRAPPER_DEPTH = 8
 
 #: How deep below the dataset generators are looked for: a generator in a
-#: transform in a ``Compose`` in a dataset is 4 levels down (the list is one).
-_MAX_DEPTH = 6
+#: transform in a ``Compose`` in a dataset is 4 levels down (the list is one;
+#: an ``nn.Module``'s ``_modules`` dict is one more per module).
+_MAX_DEPTH = 8
 
 #: Containers with more items than this are data (file lists, caches), not a
 #: pipeline: not searched.
@@ -89,27 +91,50 @@ def worker_dataset(dataset: Any) -> Any:
 def _replicate(dataset: Any, search: _Search, depth: int) -> Any:
     try:
         replica = copy.copy(dataset)
+        attrs = _own_namespace(dataset, replica)
     except Exception:  # noqa: BLE001 - an uncopyable dataset is shared, as before
         return dataset
-    if replica is dataset:  # a __copy__ that returns self: never write into the user's object
-        return dataset
-    try:
-        attrs = vars(replica)
-    except TypeError:  # __slots__: nothing of its own to give each worker
-        return replica
+    if attrs is None:  # a __copy__ returning self or sharing its namespace, or __slots__: never write into the user's object
+        return dataset if replica is dataset else replica
+    # What refers back to the dataset (self.transform = self.augment) reaches the worker's copy.
+    search.copies[id(dataset)] = replica
     # Asked once, not per attribute: a dataset may have very many of them.
     wrapper = depth < _MAX_WRAPPER_DEPTH and isinstance(replica, (Subset, ConcatDataset, ChainDataset))
-    search.active.add(id(dataset))
     for name, value in list(attrs.items()):
         if type(value) in _LEAF_TYPES:  # most attributes: answered before any call
             continue
-        own = _inner_datasets(replica, name, value, search, depth) if wrapper else value
-        if own is value:
-            own = _own(value, search, 1)
+        try:
+            own = _inner_datasets(replica, name, value, search, depth) if wrapper else value
+            if own is value:
+                own = _own(value, search, 1)
+        except Exception:  # noqa: BLE001 - user code (__getattr__, __copy__, properties) failed: shared, as before
+            continue
         if own is not value:
             attrs[name] = own
-    search.active.discard(id(dataset))
     return replica
+
+
+def _own_namespace(original: Any, replica: Any) -> dict[str, Any] | None:
+    """``replica``'s attribute dict when it is its own (not ``original``'s), else None."""
+    if replica is original:
+        return None
+    try:
+        attrs = vars(replica)
+    except TypeError:  # __slots__: nothing of its own
+        return None
+    # A __copy__ (or a proxy's __getattr__) may hand back the original's namespace.
+    if not isinstance(attrs, dict) or attrs is _namespace(original):
+        return None
+    return attrs
+
+
+def _namespace(value: Any) -> Any:
+    """``vars(value)``, or None (no ``__dict__``, or one that is not a dict)."""
+    try:
+        attrs = vars(value)
+    except TypeError:
+        return None
+    return attrs if isinstance(attrs, dict) else None
 
 
 def _inner_datasets(wrapper: Any, name: str, value: Any, search: _Search, depth: int) -> Any:
@@ -157,40 +182,52 @@ def _own(value: Any, search: _Search, depth: int) -> Any:
 def _with_own_parts(value: Any, search: _Search, depth: int) -> Any:
     """``value``, or a copy of it whose parts leading to generators are the worker's own."""
     kind = type(value)
-    if kind is list or kind is tuple:
+    if kind is list or isinstance(value, tuple):
         if len(value) > _MAX_ITEMS:
             return value
         items = [_own(item, search, depth + 1) for item in value]
         if all(a is b for a, b in zip(items, value)):
             return value
-        return items if kind is list else tuple(items)
-    if kind is dict:
+        if kind is list or kind is tuple:
+            return items if kind is list else tuple(items)
+        make = getattr(kind, "_make", None)  # a namedtuple; other tuple subclasses stay shared
+        return make(items) if make is not None else value
+    if isinstance(value, dict) and (kind is dict or _namespace(value) in (None, {})):
+        # dict, OrderedDict, defaultdict (their state is their items)
         if len(value) > _MAX_ITEMS:
             return value
-        changed = {k: own for k, v in value.items() if (own := _own(v, search, depth + 1)) is not v}
-        return {**value, **changed} if changed else value
+        changed = {k: own for k, v in list(value.items()) if (own := _own(v, search, depth + 1)) is not v}
+        if not changed:
+            return value
+        if kind is dict:
+            return {**value, **changed}
+        replica = copy.copy(value)
+        replica.update(changed)
+        return replica
+    if kind is functools.partial:  # transform=partial(augment, rng=rng)
+        parts = [value.func, *value.args, *value.keywords.values()]
+        owns = [_own(part, search, depth + 1) for part in parts]
+        if all(a is b for a, b in zip(owns, parts)):
+            return value
+        n = 1 + len(value.args)
+        return functools.partial(owns[0], *owns[1:n], **dict(zip(value.keywords, owns[n:])))
     if kind is types.MethodType:  # transform=augmenter.apply: the method of the worker's augmenter
         owner = _own(value.__self__, search, depth + 1)
         return value if owner is value.__self__ else types.MethodType(value.__func__, owner)
-    try:
-        attrs = vars(value)
-    except TypeError:  # no __dict__ (C types, __slots__): not searched
-        return value
-    if len(attrs) > _MAX_ITEMS:
+    attrs = _namespace(value)
+    if attrs is None or len(attrs) > _MAX_ITEMS:  # no __dict__ (C types, __slots__), or data: not searched
         return value
     changed = {k: own for k, v in list(attrs.items()) if (own := _own(v, search, depth + 1)) is not v}
     if not changed:
         return value
     try:
         replica = copy.copy(value)
+        own_attrs = _own_namespace(value, replica)
     except Exception:  # noqa: BLE001 - uncopyable: its generators stay shared
         return value
-    if replica is value:
+    if own_attrs is None:
         return value
-    try:
-        vars(replica).update(changed)
-    except TypeError:
-        return value
+    own_attrs.update(changed)
     return replica
 
 

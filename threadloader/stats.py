@@ -168,6 +168,9 @@ def _gil_bound(util: float, cores: float, min_util: float = 0.6) -> bool:
 #: 0.50-0.62 with two threads of pure Python in one child on 2 cores).
 _CHILD_MIN_UTIL = 0.4
 
+#: The busy share from which a child's thread counts as one of its busy threads.
+_CHILD_BUSY_THREAD = 0.25
+
 
 class LoaderStats:
     """Per-iterator statistics: what was delivered and where time went."""
@@ -250,10 +253,11 @@ class LoaderStats:
             if now - self._gil_mark[0] >= GIL_CHECK_INTERVAL_S:
                 self._check_gil(now)
 
-    def _gil_sample(self) -> tuple[float, float, float, tuple[float, float] | None, list[tuple[float, float]]]:
+    def _gil_sample(self) -> tuple[float, float, float, tuple[float, float] | None,
+                                   list[tuple[tuple[float, ...], float]]]:
         fetch = sum(c.fetch_s for c in self._counters)
-        # Per child process: its workers' fetch time, and its CPU time.
-        children = [(sum(c.fetch_s for c in group), group[0].process_cpu_s) for group in self._processes]
+        # Per child process: each of its workers' fetch time, and its CPU time.
+        children = [(tuple(c.fetch_s for c in group), group[0].process_cpu_s) for group in self._processes]
         return fetch, process_cpu_seconds(), self.wait_s, system_cpu_seconds(self._cpus), children
 
     def _check_gil(self, now: float) -> None:
@@ -296,8 +300,12 @@ class LoaderStats:
             # time shows none of their work. One GIL-bound child is enough.
             bound = []
             for group, (f0, c0), (f1, c1) in zip(self._processes, children0, children1):
-                util, cores = (f1 - f0) / (window * len(group)), (c1 - c0) / window
-                if len(group) >= 2 and _gil_bound(util, cores, _CHILD_MIN_UTIL):
+                shares = [(b - a) / window for a, b in zip(f0, f1)]
+                util, cores = sum(shares) / len(group), (c1 - c0) / window
+                # Two threads or more must have been busy: one busy thread on one
+                # core is no sign of the GIL, whatever the others do (idle, waiting).
+                busy = sum(share >= _CHILD_BUSY_THREAD for share in shares)
+                if busy >= 2 and _gil_bound(util, cores, _CHILD_MIN_UTIL):
                     bound.append((util, cores, len(group)))
             if not bound:
                 return

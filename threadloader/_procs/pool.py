@@ -277,6 +277,7 @@ class ProcessPool:
                 child.process.kill()
                 child.process.join()
         current = threading.current_thread()
+        receivers_deadline = time.monotonic() + JOIN_BUDGET_S + POLL_S  # one wait for them all
         for child in self._children:
             if child.receiver is current:  # stopped from its own receiver (GC there): it exits next
                 continue
@@ -285,7 +286,7 @@ class ProcessPool:
                 # (a result pipe's write end held by a process forked outside
                 # threadloader: see _fork) is left, a daemon, with its queue open:
                 # closing a pipe another thread reads could hand it a reused number.
-                child.receiver.join(timeout=JOIN_BUDGET_S + POLL_S)
+                child.receiver.join(timeout=max(0.0, receivers_deadline - time.monotonic()))
                 if child.receiver.is_alive():
                     continue
             child.close_writing_end()  # a child that failed to start still had it
