@@ -541,6 +541,8 @@ CHILD = textwrap.dedent(
         if {mode!r} == "sleep":
             time.sleep(60)
         elif {mode!r} == "loop":
+            import faulthandler
+            faulthandler.dump_traceback_later(25, exit=True)  # a hang shows where each thread is
             for _ in it:
                 pass
     except KeyboardInterrupt:
@@ -595,10 +597,16 @@ def test_ctrl_c_and_interpreter_exit_stop_the_children():
     proc, pids = _spawn("loop")
     try:
         proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)  # the child's faulthandler dumps its threads at 25 s
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _terminate(pids)  # orphans hold the pipes communicate() reads to EOF
         out, err = proc.communicate(timeout=10)
+        pytest.fail(f"no exit 30 s after Ctrl-C; its stderr:\n{err[-6000:]}")
     finally:
         proc.kill()
-    assert "interrupted" in out and "KeyboardInterrupt" in err
+    assert "Timeout (" not in err, f"hung after Ctrl-C (faulthandler's dump):\n{err[-6000:]}"
+    assert "interrupted" in out and "KeyboardInterrupt" in err, err[-3000:]
     assert _wait(lambda: _gone(pids), timeout=5)
     proc, pids = _spawn("exit")  # persistent workers alive at interpreter exit
     try:
