@@ -180,6 +180,7 @@ def test_warns_when_the_threads_of_worker_processes_are_gil_bound(monkeypatch, n
     # Two or more threads per child take turns on that child's GIL: the check
     # was silent for every worker_processes loader. The children (forked)
     # inherit the faked CPU clock: each uses one core's worth.
+    monkeypatch.setattr(sys, "_is_gil_enabled", lambda: True, raising=False)  # simulated on a free-threaded build too
     monkeypatch.setattr(procs_child, "process_cpu_seconds", one_core)
     monkeypatch.setattr(stats, "system_cpu_seconds", only_this_process_busy)
     loader = ThreadDataLoader(PythonLoop(100_000), batch_size=4, num_workers=num_workers,
@@ -211,6 +212,7 @@ class OneBusyWorker(Dataset):
 def test_no_gil_warning_when_one_thread_of_a_worker_process_does_all_the_work(monkeypatch):
     # One busy thread on one core (the child's clock says one core) is no sign
     # of the GIL: the other thread idles. Its average share (0.5) warned.
+    monkeypatch.setattr(sys, "_is_gil_enabled", lambda: True, raising=False)
     monkeypatch.setattr(procs_child, "process_cpu_seconds", one_core)
     monkeypatch.setattr(stats, "system_cpu_seconds", only_this_process_busy)
     loader = ThreadDataLoader(OneBusyWorker(), batch_size=4, num_workers=2, worker_processes=1,
@@ -225,6 +227,7 @@ def test_no_gil_warning_when_one_thread_of_a_worker_process_does_all_the_work(mo
 def test_no_gil_warning_when_the_threads_of_a_worker_process_wait_on_io(monkeypatch):
     # Busy threads (sleeping in their fetch) whose process uses almost no CPU:
     # not the GIL. The children's CPU clock is real here.
+    monkeypatch.setattr(sys, "_is_gil_enabled", lambda: True, raising=False)
     monkeypatch.setattr(stats, "system_cpu_seconds", only_this_process_busy)
     loader = ThreadDataLoader(Slow(100_000, 0.01), batch_size=4, num_workers=2, worker_processes=1,
                               multiprocessing_context="fork")
