@@ -31,57 +31,35 @@ from typing import Any, Iterator
 __all__ = ["forking_for", "private_fd", "release_private_fd", "renew_after_fork", "renew_lock_after_fork"]
 
 
+#: Objects (modules too) whose lock attributes are renewed in a forked child, with those attributes' names.
+_object_locks: "weakref.WeakKeyDictionary[Any, tuple[str, ...]]" = weakref.WeakKeyDictionary()
+#: File descriptor -> the owner (a token) of the one forked child that may keep it.
+_private_fds: dict[int, object] = {}
+#: Guards both registries (renewed in a child: another thread may have held it at the fork).
+_guard = threading.Lock()
+_forking = threading.local()
+
+
 def renew_after_fork(module_name: str, *names: str) -> None:
     """Give the ``threading.Lock`` attributes ``names`` of module ``module_name`` new locks in every forked child."""
-    if not hasattr(os, "register_at_fork"):  # no fork on this platform
-        return
-    module = sys.modules[module_name]
-
-    def renew() -> None:
-        for name in names:
-            setattr(module, name, threading.Lock())
-
-    os.register_at_fork(after_in_child=renew)
-
-
-#: Objects whose lock attributes are renewed in a forked child, with those attributes' names.
-_object_locks: "weakref.WeakKeyDictionary[Any, tuple[str, ...]]" = weakref.WeakKeyDictionary()
-_object_locks_guard = threading.Lock()
+    renew_lock_after_fork(sys.modules[module_name], *names)
 
 
 def renew_lock_after_fork(obj: Any, *names: str) -> None:
     """Give ``obj``'s ``threading.Lock`` attributes ``names`` new locks in every forked child, while ``obj`` lives."""
-    with _object_locks_guard:
+    with _guard:
         _object_locks[obj] = names
-
-
-def _renew_object_locks() -> None:
-    global _object_locks_guard
-    _object_locks_guard = threading.Lock()  # may itself have been held by another thread at the fork
-    for obj, names in list(_object_locks.items()):
-        for name in names:
-            setattr(obj, name, threading.Lock())
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_renew_object_locks)
-
-
-#: File descriptor -> the owner (a token) of the one forked child that may keep it.
-_private_fds: dict[int, object] = {}
-_private_fds_guard = threading.Lock()
-_forking = threading.local()
 
 
 def private_fd(fd: int, owner: object) -> None:
     """Register ``fd`` as one that only ``owner``'s child may inherit (see the module's docstring)."""
-    with _private_fds_guard:
+    with _guard:
         _private_fds[fd] = owner
 
 
 def release_private_fd(fd: int) -> None:
     """Unregister ``fd``; call it *before* closing ``fd`` (once closed, its number may name another file)."""
-    with _private_fds_guard:
+    with _guard:
         _private_fds.pop(fd, None)
 
 
@@ -95,9 +73,16 @@ def forking_for(owner: object) -> Iterator[None]:
         _forking.owner = None
 
 
+def _after_fork_in_child() -> None:
+    global _guard
+    _guard = threading.Lock()
+    for obj, names in list(_object_locks.items()):
+        for name in names:
+            setattr(obj, name, threading.Lock())
+    _drop_private_fds()
+
+
 def _drop_private_fds() -> None:
-    global _private_fds_guard
-    _private_fds_guard = threading.Lock()
     mine = getattr(_forking, "owner", None)  # the forking thread's (thread-locals survive in the child)
     others = [fd for fd, owner in _private_fds.items() if owner is not mine]
     _private_fds.clear()  # the parent's registrations, not this child's
@@ -115,5 +100,5 @@ def _drop_private_fds() -> None:
         os.close(null)
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_drop_private_fds)
+if hasattr(os, "register_at_fork"):  # no fork on other platforms
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -118,14 +118,9 @@ def _own_namespace(original: Any, replica: Any) -> dict[str, Any] | None:
     """``replica``'s attribute dict when it is its own (not ``original``'s), else None."""
     if replica is original:
         return None
-    try:
-        attrs = vars(replica)
-    except TypeError:  # __slots__: nothing of its own
-        return None
+    attrs = _namespace(replica)
     # A __copy__ (or a proxy's __getattr__) may hand back the original's namespace.
-    if not isinstance(attrs, dict) or attrs is _namespace(original):
-        return None
-    return attrs
+    return None if attrs is None or attrs is _namespace(original) else attrs
 
 
 def _namespace(value: Any) -> Any:

@@ -256,7 +256,7 @@ class LoaderStats:
     def _gil_sample(self) -> tuple[float, float, float, tuple[float, float] | None,
                                    list[tuple[tuple[float, ...], float]]]:
         fetch = sum(c.fetch_s for c in self._counters)
-        # Per child process: each of its workers' fetch time, and its CPU time.
+        # Per child process: each of its workers' fetch time, and its CPU time (on its first worker's row).
         children = [(tuple(c.fetch_s for c in group), group[0].process_cpu_s) for group in self._processes]
         return fetch, process_cpu_seconds(), self.wait_s, system_cpu_seconds(self._cpus), children
 

@@ -115,7 +115,7 @@ def child_main(
         while True:
             # This process's CPU time, for the parent's GIL check (stats): fresh
             # to within a job or POLL_S, against its windows of seconds.
-            array[worker_ids, CPU] = process_cpu_seconds()
+            array[worker_ids[0], CPU] = process_cpu_seconds()
             try:
                 msg = jobs.get(timeout=POLL_S)
             except queue.Empty:

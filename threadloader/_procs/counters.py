@@ -17,7 +17,8 @@ from ..stats import WorkerCounters
 __all__ = ["COLUMNS", "CPU", "ArrayCounters"]
 
 #: Columns of the shared counters array (one row per worker). ``CPU``: the
-#: CPU time of the worker's process, written by that process's dispatcher.
+#: CPU time of the worker's process, written by that process's dispatcher on
+#: the row of its first worker (the others keep NaN).
 _FETCH, _COLLATE, _PIN, _EPOCH, _EPOCH_ITEMS, _TASKS, _BUSY, CPU = range(8)
 COLUMNS = CPU + 1
 
@@ -65,7 +66,8 @@ class ArrayCounters:
     epoch_items = _get(_EPOCH_ITEMS, int)
     tasks = _get(_TASKS, int)
     busy = _get(_BUSY, bool)
-    #: CPU seconds of the worker's whole process (all its threads), as last sampled by its dispatcher.
+    #: CPU seconds of the worker's whole process (all its threads), as last sampled by its dispatcher
+    #: (on the process's first worker's row only: read it there).
     process_cpu_s = _get(CPU)
     del _get
     fetched = WorkerCounters.fetched

@@ -105,12 +105,14 @@ class _Child:
         # has just terminated (the exit would hang, pytorch#48666).
         self.jobs.cancel_join_thread()
         self.results = ctx.Queue()
-        # Its write end is for its child alone (see close_writing_end).
-        self._writer = getattr(self.results, "_writer", None)  # multiprocessing.Queue's end (not public API)
-        if self._writer is not None:
-            _fork.private_fd(self._writer.fileno(), self)
+        writer = self._writer()
+        if writer is not None:  # its write end is for its child alone (see close_writing_end)
+            _fork.private_fd(writer.fileno(), self)
         self.process: Any = None
         self.receiver: threading.Thread | None = None
+
+    def _writer(self) -> Any:
+        return getattr(self.results, "_writer", None)  # multiprocessing.Queue's end (not public API)
 
     def close_writing_end(self) -> None:
         """Close this process's copy of the write end of the child's result queue (the child has its own; idempotent).
@@ -121,7 +123,7 @@ class _Child:
         later do not inherit it; a process forked before that, by another
         thread, gets ``/dev/null`` in its place (:mod:`threadloader._fork`).
         """
-        writer, self._writer = self._writer, None
+        writer = self._writer()
         if writer is not None and not writer.closed:
             _fork.release_private_fd(writer.fileno())
             writer.close()
