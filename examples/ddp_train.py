@@ -55,6 +55,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import tempfile
 from pathlib import Path
@@ -174,6 +175,19 @@ def load_checkpoint(ckpt_dir: Path, rank: int, world: int, model: nn.Module, opt
     return ckpt["epoch"], ckpt["step"]
 
 
+def _done(rows: list[dict[str, Any]], temp_dir: Path | None, rank: int, host: Any) -> list[dict[str, Any]]:
+    """``rows``, once the temp checkpoint directory of a run without ``--ckpt-dir`` is removed.
+
+    Nobody can resume from a directory nobody named: rank 0 removes it when
+    every rank has written its last checkpoint (after a barrier).
+    """
+    if temp_dir is not None:
+        dist.barrier(group=host)
+        if rank == 0:
+            shutil.rmtree(temp_dir, ignore_errors=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     """Train; returns one row per epoch run in this process (this rank's view).
 
@@ -188,7 +202,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--workers", type=int, default=None,
                         help="loader threads per process (default: cores per process)")
     parser.add_argument("--lr", type=float, default=0.01)
-    parser.add_argument("--ckpt-dir", type=Path, default=None, help="shared by all ranks (default: a temp dir)")
+    parser.add_argument("--ckpt-dir", type=Path, default=None,
+                        help="shared by all ranks (default: a temp dir, removed when the run ends)")
     parser.add_argument("--save-every", type=int, default=100, help="checkpoint every N steps (--smoke: 5)")
     parser.add_argument("--stop-after", type=int, default=None,
                         help="exit right after the checkpoint at this step (simulates preemption)")
@@ -202,6 +217,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
 
     use_cuda = torch.cuda.is_available() and not args.smoke
     rank, world, local_rank = init_distributed("nccl" if use_cuda else "gloo")
+    temp_dir: Path | None = None
     try:
         host = host_group()
         if use_cuda:
@@ -216,7 +232,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         if ckpt_dir is None:  # one temp dir, chosen by rank 0 (one node only)
             box = [tempfile.mkdtemp(prefix="ddp_train_") if rank == 0 else None]
             dist.broadcast_object_list(box, src=0, group=host)
-            ckpt_dir = Path(box[0])
+            ckpt_dir = temp_dir = Path(box[0])
         ckpt_dir.mkdir(parents=True, exist_ok=True)
 
         torch.manual_seed(0)  # the same initial weights on every rank (DDP also broadcasts them)
@@ -262,7 +278,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                         save_checkpoint(ckpt_dir, rank, world, model.module, opt, loader, epoch, step)
                         commit()
                         if args.stop_after is not None and step >= args.stop_after:
-                            return rows  # "preempted" right after a checkpoint
+                            return _done(rows, temp_dir, rank, host)  # "preempted" right after a checkpoint
                 stats = torch.stack([total, torch.tensor(float(count), device=device)]).cpu()
                 dist.all_reduce(stats, group=host)
                 snap = loader.stats().snapshot() if loader.stats() is not None else {"items_per_s": 0.0}
@@ -280,7 +296,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         finally:
             if log is not None:
                 log.close()
-        return rows
+        return _done(rows, temp_dir, rank, host)
     finally:
         dist.destroy_process_group()
 

@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -76,14 +77,16 @@ def torchrun(script: Path, *args: str) -> str:
                "--master_addr=127.0.0.1", f"--master_port={_free_port()}", str(script), *args]
         # A session of its own, so a hang kills torchrun *and* its ranks (which
         # hold the output pipe open: killing torchrun alone would block here).
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(),
-                                start_new_session=True)
-        try:
-            output, _ = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            output, _ = proc.communicate()
-            pytest.fail(f"torchrun timed out after {LAUNCH_TIMEOUT_S} s: {' '.join(cmd)}\n{output[-8000:]}")
+        # TMPDIR: torchrun leaves a torchelastic_* log directory behind in it.
+        with tempfile.TemporaryDirectory(prefix="torchrun_") as tmp:
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                    env=dict(_env(), TMPDIR=tmp), start_new_session=True)
+            try:
+                output, _ = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                output, _ = proc.communicate()
+                pytest.fail(f"torchrun timed out after {LAUNCH_TIMEOUT_S} s: {' '.join(cmd)}\n{output[-8000:]}")
         if proc.returncode == 0:
             return output
         if attempt == 0 and ("Address already in use" in output or "EADDRINUSE" in output):

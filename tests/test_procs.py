@@ -24,6 +24,7 @@ import threading
 import time
 import warnings
 from multiprocessing import forkserver, resource_tracker
+from pathlib import Path
 
 import numpy as np
 import psutil
@@ -562,19 +563,20 @@ def _gone(pids: list[int]) -> bool:
     return all(dead(p) for p in pids)
 
 
-def _spawn(mode: str, context: str | None = None) -> tuple[subprocess.Popen, list[int]]:
+def _spawn(mode: str, tmp: Path, context: str | None = None) -> tuple[subprocess.Popen, list[int]]:
     script = CHILD.format(mode=mode, context=context, tests=os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    # TMPDIR: a killed process leaves its multiprocessing temp directory behind.
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=dict(os.environ, PYTHONUNBUFFERED="1", TMPDIR=str(tmp)))
     pids = [int(p) for p in proc.stdout.readline().split()]
     assert len(pids) == 2, proc.stderr.read() if proc.poll() is not None else pids
     return proc, pids
 
 
 @pytest.mark.parametrize("context", [None, "forkserver"])
-def test_children_exit_when_the_parent_is_killed(context):
+def test_children_exit_when_the_parent_is_killed(context, tmp_path):
     # Under forkserver the children's parent is the forkserver, not the killed process.
-    proc, pids = _spawn("sleep", context)
+    proc, pids = _spawn("sleep", tmp_path, context)
     try:
         proc.kill()
         proc.wait(timeout=5)
@@ -593,8 +595,8 @@ def _terminate(pids: list[int]) -> None:
             pass
 
 
-def test_ctrl_c_and_interpreter_exit_stop_the_children():
-    proc, pids = _spawn("loop")
+def test_ctrl_c_and_interpreter_exit_stop_the_children(tmp_path):
+    proc, pids = _spawn("loop", tmp_path)
     try:
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=30)  # the child's faulthandler dumps its threads at 25 s
@@ -608,7 +610,7 @@ def test_ctrl_c_and_interpreter_exit_stop_the_children():
     assert "Timeout (" not in err, f"hung after Ctrl-C (faulthandler's dump):\n{err[-6000:]}"
     assert "interrupted" in out and "KeyboardInterrupt" in err, err[-3000:]
     assert _wait(lambda: _gone(pids), timeout=5)
-    proc, pids = _spawn("exit")  # persistent workers alive at interpreter exit
+    proc, pids = _spawn("exit", tmp_path)  # persistent workers alive at interpreter exit
     try:
         _, err = proc.communicate(timeout=10)
     finally:

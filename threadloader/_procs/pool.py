@@ -277,7 +277,9 @@ class ProcessPool:
                 child.process.join(timeout=0.5)
             if child.process.is_alive():  # pragma: no cover - stuck in C code ignoring SIGTERM
                 child.process.kill()
-                child.process.join()
+                # Bounded: a child in uninterruptible sleep (a dead NFS mount)
+                # dies only when that ends; DataLoader does not wait for it either.
+                child.process.join(timeout=5.0)
         current = threading.current_thread()
         receivers_deadline = time.monotonic() + JOIN_BUDGET_S + POLL_S  # one wait for them all
         for child in self._children:
