@@ -1,126 +1,252 @@
-"""Each worker's own copy of the dataset, as a worker process has one.
+"""Each worker's own copy of the dataset and of its hooks, as a worker process has one.
 
-A worker process works on its own copy of the dataset. A worker thread gets a
-shallow copy (its own attribute namespace; the data the dataset holds stays
-one shared object) in which every random generator the dataset reaches is the
-worker's own copy, and so is each object on the way to one: a transform
-pipeline (``dataset.transform``, a ``Compose`` holding transforms each holding
-a ``RandomState``, as MONAI's do) is copied down to its generators, so the
-draws do not depend on how threads interleave and a ``worker_init_fn`` that
-reseeds them reseeds that worker's alone. What holds no generator is shared.
+A worker process works on its own copy of the dataset, ``collate_fn`` and
+``worker_init_fn`` (forked, or unpickled together). A worker thread gets a
+shallow copy of the dataset (its own attribute namespace; the data the dataset
+holds stays one shared object) in which every random generator the dataset or
+the hooks reach is the worker's own copy, and so is each object on the way to
+one: a transform pipeline (``dataset.transform``, a ``Compose`` holding
+transforms each holding a ``RandomState``, as MONAI's do) is copied down to its
+generators, so the draws do not depend on how threads interleave and a
+``worker_init_fn`` that reseeds them reseeds that worker's alone. What leads to
+the dataset (``functools.partial(reseed, dataset=ds)`` as ``worker_init_fn``)
+is copied the same way, so it reaches the worker's copy. What leads to neither
+is shared.
+
+The copy is made in two passes. The first walks what the dataset and hooks
+reach, breadth first (a transform one attribute down is found before the
+records of a long annotation list), within a budget, and notes which objects
+lead to a generator or to the dataset. The second copies those objects only,
+each one before its parts, so that a part referring back to it (``t.parent =
+compose``) reaches the copy.
 """
 
 from __future__ import annotations
 
+import collections
 import copy
 import functools
 import random
 import types
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, NamedTuple
 
 import numpy as np
 import torch
-from torch.utils.data import ChainDataset, ConcatDataset, Dataset, IterableDataset, Subset
+from torch.utils.data import ChainDataset, ConcatDataset, Subset
 
 from . import _rng
 
-__all__ = ["rebound", "worker_dataset"]
+__all__ = ["WorkerParts", "worker_dataset", "worker_parts"]
 
-#: How deep wrappers of wrappers are followed (a guard against cycles).
-_MAX_WRAPPER_DEPTH = 8
-
-#: How deep below the dataset generators are looked for: a generator in a
-#: transform in a ``Compose`` in a dataset is 4 levels down (the list is one;
-#: an ``nn.Module``'s ``_modules`` dict is one more per module).
-_MAX_DEPTH = 8
+#: How many steps below a root generators are looked for: a generator in a
+#: transform in a ``OneOf`` in a ``Compose`` in an adapter in a dataset is 10
+#: down (every list is one; an ``nn.Module``'s ``_modules`` dict one more per module).
+_MAX_DEPTH = 32
 
 #: Containers with more items than this are data (file lists, caches), not a
 #: pipeline: not searched.
 _MAX_ITEMS = 64
 
-#: Objects and containers searched per dataset copy, at most (bounds the cost
-#: of a dataset with a large object graph: the rest is shared, as before).
+#: Objects and containers searched per copy, at most (bounds the cost of a
+#: dataset with a large object graph: what lies beyond is shared).
 _MAX_VISITS = 4096
 
 #: Types that never hold a generator, nor lead to one (exact types, not subclasses).
 _LEAF_TYPES = frozenset({type(None), bool, int, float, complex, str, bytes, bytearray, range, set, frozenset,
                          torch.Tensor, np.ndarray, np.dtype, torch.dtype, torch.device, types.ModuleType,
-                         types.FunctionType, types.BuiltinFunctionType, type})
+                         types.CodeType, type})
+
+#: torch's dataset wrappers: the datasets they hold are datasets too, each copied for the worker.
+_WRAPPERS = (Subset, ConcatDataset, ChainDataset)
 
 
-class _Search:
-    """One dataset copy's search for generators: copies made so far (by id), and its budget."""
+class WorkerParts(NamedTuple):
+    """What one worker works on: its dataset and hooks (see :func:`worker_parts`)."""
 
-    __slots__ = ("copies", "visits", "active")
-
-    def __init__(self) -> None:
-        #: id -> the worker's version of that object (itself when it reaches no generator).
-        self.copies: dict[int, Any] = {}
-        self.visits = 0
-        #: ids of the objects being searched (a reference back to one of them is a cycle).
-        self.active: set[int] = set()
+    dataset: Any
+    init_fn: Callable | None
+    collate_fn: Callable | None
 
 
-def worker_dataset(dataset: Any) -> Any:
-    """The worker's own shallow copy of ``dataset``, with its own copies of the generators it reaches.
+def worker_parts(dataset: Any, init_fn: Callable | None, collate_fn: Callable | None) -> WorkerParts:
+    """The worker's own copies of ``dataset`` and, where they need one, of its hooks.
 
-    Attributes a worker sets on its copy (a file handle opened lazily in
-    ``__getitem__``, a worker id stored by ``worker_init_fn``) are that
-    worker's alone; the data the dataset holds (arrays, tensors, long lists,
-    dicts) stays one shared object, never duplicated. A dataset that cannot
-    be copied is shared as it is.
+    The dataset is always copied, shallowly: attributes a worker sets on its
+    copy (a file handle opened lazily in ``__getitem__``, a worker id stored by
+    ``worker_init_fn``) are that worker's alone; the data it holds (arrays,
+    tensors, long lists, dicts) stays one shared object, never duplicated. A
+    dataset that cannot be copied is shared as it is. The datasets inside
+    torch's wrappers (``Subset``, ``ConcatDataset``, ``ChainDataset``) are
+    copied the same way.
 
     Random generators (``random.Random``, NumPy ``Generator``/``RandomState``,
-    CPU ``torch.Generator``) the dataset holds, as attributes or inside the
-    objects and short containers it holds (a transform pipeline), are copied
-    in their current state, with the objects on the way to them: each worker
-    process draws from its own copies. The datasets inside torch's wrappers
-    (``Subset``, ``ConcatDataset``, ``ChainDataset``) get the same treatment.
-    An object reached twice stays one object; one that cannot be copied
-    stays shared.
+    CPU ``torch.Generator``) the dataset or a hook reaches are copied in their
+    current state, with the objects on the way to them; so is what leads from a
+    hook to the dataset (a bound method of it, a partial or closure holding it),
+    which then reaches the worker's copy. The search follows attributes (also
+    ``__slots__``), lists, tuples, namedtuples, deques and dicts of up to
+    :data:`_MAX_ITEMS` items, bound methods, ``functools.partial``, and
+    functions' closures, defaults and the module globals they name. An object
+    reached twice stays one object; one that cannot be copied stays shared.
 
     Args:
         dataset: the loader's dataset.
+        init_fn: its ``worker_init_fn``.
+        collate_fn: its ``collate_fn``.
 
     Returns:
-        The copy, or ``dataset`` itself when copying fails.
+        The worker's dataset, ``worker_init_fn`` and ``collate_fn``.
     """
-    return _replicate(dataset, _Search(), depth=0)
+    walk = _Walk()
+    walk.run([dataset, init_fn, collate_fn], dataset)
+    build = _Build(walk.leads(), walk.datasets)
+    return WorkerParts(build.own(dataset), build.own(init_fn), build.own(collate_fn))
 
 
-def _replicate(dataset: Any, search: _Search, depth: int) -> Any:
-    try:
-        replica = copy.copy(dataset)
-        attrs = _own_namespace(dataset, replica)
-    except Exception:  # noqa: BLE001 - an uncopyable dataset is shared, as before
-        return dataset
-    if attrs is None:  # a __copy__ returning self or sharing its namespace, or __slots__: never write into the user's object
-        return dataset if replica is dataset else replica
-    # What refers back to the dataset (self.transform = self.augment) reaches the worker's copy.
-    search.copies[id(dataset)] = replica
-    # Asked once, not per attribute: a dataset may have very many of them.
-    wrapper = depth < _MAX_WRAPPER_DEPTH and isinstance(replica, (Subset, ConcatDataset, ChainDataset))
-    for name, value in list(attrs.items()):
-        if type(value) in _LEAF_TYPES:  # most attributes: answered before any call
-            continue
+def worker_dataset(dataset: Any) -> Any:
+    """The worker's own shallow copy of ``dataset`` (:func:`worker_parts` without hooks)."""
+    return worker_parts(dataset, None, None).dataset
+
+
+# --- first pass: what leads where ---------------------------------------------------------
+
+
+class _Walk:
+    """Breadth-first walk from the roots: which objects lead to a generator or to a dataset."""
+
+    def __init__(self) -> None:
+        #: id -> object, for everything met (keeps them alive while ids are compared).
+        self.seen: dict[int, Any] = {}
+        #: id -> ids of the objects holding it.
+        self.holders: dict[int, list[int]] = collections.defaultdict(list)
+        #: ids of the generators and datasets met: what makes its holders copied.
+        self.targets: set[int] = set()
+        #: ids of the datasets (always copied, each with its own namespace).
+        self.datasets: set[int] = set()
+
+    def run(self, roots: list[Any], dataset: Any) -> None:
+        self.datasets.add(id(dataset))
+        self.targets.add(id(dataset))
+        # (object, depth, reached through a function's globals)
+        queue = collections.deque((root, 0, False) for root in roots if type(root) not in _LEAF_TYPES)
+        visits = 0
+        while queue:
+            value, depth, via_globals = queue.popleft()
+            key = id(value)
+            if key in self.seen:
+                continue
+            self.seen[key] = value
+            if _generator_copier(value) is not None:
+                self.targets.add(key)
+                continue
+            is_dataset = key in self.datasets
+            if not is_dataset and (depth >= _MAX_DEPTH or visits >= _MAX_VISITS):
+                continue  # beyond the budget: shared
+            visits += 1
+            try:
+                parts, named_globals = _parts(value, via_globals)
+                if is_dataset:
+                    inner = [id(d) for d in _inner_datasets(value)]
+                    self.datasets.update(inner)
+                    self.targets.update(inner)
+            except Exception:  # noqa: BLE001 - user code (__getattr__, properties) failed: shared, as before
+                continue
+            for through_globals, found in ((via_globals, parts), (True, named_globals)):
+                for part in found:
+                    self.holders[id(part)].append(key)
+                    if id(part) not in self.seen:
+                        queue.append((part, depth + 1, through_globals))
+
+    def leads(self) -> dict[int, Any]:
+        """id -> object, for every object met that leads to a target (targets included)."""
+        found: dict[int, Any] = {}
+        stack = [key for key in self.targets if key in self.seen]
+        while stack:
+            key = stack.pop()
+            if key in found:
+                continue
+            found[key] = self.seen[key]
+            stack.extend(h for h in self.holders.get(key, ()) if h not in found)
+        # The datasets: copied whether or not anything leads on from them.
+        found.update((key, self.seen[key]) for key in self.datasets if key in self.seen)
+        return found
+
+
+def _inner_datasets(dataset: Any) -> list[Any]:
+    """The datasets inside one of torch's wrappers (none for any other dataset)."""
+    if isinstance(dataset, Subset):
+        return [dataset.dataset]
+    if isinstance(dataset, (ConcatDataset, ChainDataset)) and isinstance(dataset.datasets, (list, tuple)):
+        return list(dataset.datasets)  # a ChainDataset may hold a one-shot iterable: not consumed here
+    return []
+
+
+def _is_mapping_of_items(value: Any) -> bool:
+    """dict, OrderedDict, defaultdict...: a dict whose state is its items (no attributes of its own)."""
+    return isinstance(value, dict) and (type(value) is dict or _namespace(value) in (None, {}))
+
+
+def _parts(value: Any, via_globals: bool) -> tuple[list[Any], list[Any]]:
+    """What ``value`` holds that the search follows (leaves left out), and the module globals it names."""
+    kind = type(value)
+    if kind is list or kind is collections.deque or isinstance(value, tuple):
+        return (_searched(value) if len(value) <= _MAX_ITEMS else []), []
+    if _is_mapping_of_items(value):
+        return (_searched(list(value.values())) if len(value) <= _MAX_ITEMS else []), []
+    if kind is functools.partial:  # transform=partial(augment, rng=rng)
+        return _searched([value.func, *value.args, *list(value.keywords.values())]), []
+    if kind is types.MethodType:  # transform=augmenter.apply: the method of the worker's augmenter
+        return _searched([value.__self__, value.__func__]), []
+    if kind is types.BuiltinMethodType:  # transform=rng.random: the worker's generator's method
+        owner = getattr(value, "__self__", None)
+        return ([owner] if owner is not None and type(owner) not in _LEAF_TYPES else []), []
+    if kind is types.FunctionType:
+        return _function_parts(value, via_globals)
+    parts = []
+    attrs = _namespace(value)
+    if attrs is not None:
+        parts = _searched(list(attrs.values()))  # one pass in C: a dataset may have very many attributes
+        parts.extend(item for _, item in _class_generators(kind, attrs))
+    for name in _slot_names(kind):
         try:
-            own = _inner_datasets(replica, name, value, search, depth) if wrapper else value
-            if own is value:
-                own = _own(value, search, 1)
-        except Exception:  # noqa: BLE001 - user code (__getattr__, __copy__, properties) failed: shared, as before
-            continue
-        if own is not value:
-            attrs[name] = own
-    return replica
+            parts.append(getattr(value, name))
+        except AttributeError:  # an unset slot
+            pass
+    return parts, []
 
 
-def _own_namespace(original: Any, replica: Any) -> dict[str, Any] | None:
-    """``replica``'s attribute dict when it is its own (not ``original``'s), else None."""
-    if replica is original:
-        return None
-    attrs = _namespace(replica)
-    # A __copy__ (or a proxy's __getattr__) may hand back the original's namespace.
-    return None if attrs is None or attrs is _namespace(original) else attrs
+def _searched(items: list[Any] | tuple[Any, ...] | collections.deque) -> list[Any]:
+    return [item for item in items if type(item) not in _LEAF_TYPES]
+
+
+def _function_parts(fn: types.FunctionType, via_globals: bool) -> tuple[list[Any], list[Any]]:
+    """A function's closure and defaults and, unless reached through globals itself, the globals it names.
+
+    Globals are followed one function deep: a lambda naming a module-level
+    pipeline is searched, the library functions that pipeline's functions
+    name are not (they would lead through whole libraries).
+    """
+    parts = []
+    for cell in fn.__closure__ or ():
+        try:
+            parts.append(cell.cell_contents)
+        except ValueError:  # an empty cell
+            pass
+    parts.extend(fn.__defaults__ or ())
+    parts.extend(list((fn.__kwdefaults__ or {}).values()))
+    if via_globals:
+        return _searched(parts), []
+    namespace = fn.__globals__
+    return _searched(parts), _searched([namespace[n] for n in _global_names(fn.__code__) if n in namespace])
+
+
+def _global_names(code: types.CodeType) -> set[str]:
+    """The names ``code`` and the functions defined in it may look up as globals."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _global_names(const)
+    return names
 
 
 def _namespace(value: Any) -> Any:
@@ -132,98 +258,193 @@ def _namespace(value: Any) -> Any:
     return attrs if isinstance(attrs, dict) else None
 
 
-def _inner_datasets(wrapper: Any, name: str, value: Any, search: _Search, depth: int) -> Any:
-    """The worker's replicas of the datasets a torch wrapper holds in attribute ``name``, or ``value``."""
-    if isinstance(wrapper, Subset) and name == "dataset" and isinstance(value, (Dataset, IterableDataset)):
-        return _replica_of(value, search, depth)
-    if isinstance(wrapper, (ConcatDataset, ChainDataset)) and name == "datasets" and isinstance(value, (list, tuple)):
-        return type(value)(_replica_of(d, search, depth) for d in value)
-    return value
+def _class_generators(kind: type, attrs: dict[str, Any]) -> Iterator[tuple[str, Any]]:
+    """The generators an instance reads from its class (``rng = default_rng(0)`` in the class body).
+
+    A worker process has its own copy of the class and so of them; a worker
+    thread's copy of the instance gets its own in its namespace, shadowing
+    the class's (``self.rng`` then reads the worker's).
+    """
+    for name in _class_generator_names(kind):
+        if name in attrs:
+            continue
+        for cls in kind.__mro__:
+            if name in cls.__dict__:
+                yield name, cls.__dict__[name]
+                break
 
 
-def _replica_of(dataset: Any, search: _Search, depth: int) -> Any:
-    key = id(dataset)
-    if key not in search.copies:  # a dataset wrapped twice stays one object in this worker
-        search.copies[key] = _replicate(dataset, search, depth + 1)
-    return search.copies[key]
+@functools.lru_cache(maxsize=1024)
+def _class_generator_names(kind: type) -> tuple[str, ...]:
+    return tuple(sorted({name for cls in kind.__mro__ if cls is not object
+                         for name, value in list(cls.__dict__.items()) if _generator_copier(value) is not None}))
 
 
-def _own(value: Any, search: _Search, depth: int) -> Any:
-    """``value``, or the worker's copy of it when it is, or leads to, a random generator."""
-    if type(value) in _LEAF_TYPES:
-        return value
-    key = id(value)
-    if key in search.copies:
-        return search.copies[key]
-    make = _generator_copier(value)
-    if make is not None:
+@functools.lru_cache(maxsize=1024)
+def _slot_names(kind: type) -> tuple[str, ...]:
+    """The instance slots a class and its bases declare (private names mangled), ``__dict__`` aside."""
+    names: list[str] = []
+    for cls in kind.__mro__:
+        slots = cls.__dict__.get("__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if name in ("__dict__", "__weakref__"):
+                continue
+            if name.startswith("__") and not name.endswith("__"):
+                name = f"_{cls.__name__.lstrip('_')}{name}"
+            names.append(name)
+    return tuple(names)
+
+
+# --- second pass: the copies -------------------------------------------------------------
+
+
+class _Build:
+    """The worker's version of each object met: its copy when it leads somewhere, else itself."""
+
+    def __init__(self, leads: dict[int, Any], datasets: set[int]) -> None:
+        #: id -> object, for what leads to a generator or a dataset (only these are copied).
+        self.leads = leads
+        self.datasets = datasets
+        #: id -> the worker's version (an object under construction is there already).
+        self.copies: dict[int, Any] = {}
+        #: ids of the objects whose copy is made after its parts (tuples, partials): a cycle back to one shares it.
+        self.building: set[int] = set()
+
+    def own(self, value: Any) -> Any:
+        key = id(value)
+        if key in self.copies:
+            return self.copies[key]
+        if key not in self.leads or key in self.building:
+            return value
+        make = _generator_copier(value)
         try:
-            own = make(value)
-        except Exception:  # noqa: BLE001 - shared, as before, rather than a dead worker
+            if make is not None:
+                own = make(value)
+            elif key in self.datasets:
+                own = self._object(value, dataset=True)
+            else:
+                own = self._with_own_parts(value)
+        except Exception:  # noqa: BLE001 - user code (__copy__, __getattr__) failed: shared, as before
             own = value
-    elif depth > _MAX_DEPTH or search.visits >= _MAX_VISITS or key in search.active:
-        return value  # too deep, over budget, or a cycle: shared (not remembered: reached elsewhere it may be searched)
-    else:
-        search.visits += 1
-        search.active.add(key)
-        try:
-            own = _with_own_parts(value, search, depth)
-        finally:
-            search.active.discard(key)
-    search.copies[key] = own
-    return own
+        self.copies[key] = own
+        return own
 
+    def _changed(self, value: Any) -> bool:
+        """Whether the worker's version of ``value`` is another object."""
+        return self.own(value) is not value
 
-def _with_own_parts(value: Any, search: _Search, depth: int) -> Any:
-    """``value``, or a copy of it whose parts leading to generators are the worker's own."""
-    kind = type(value)
-    if kind is list or isinstance(value, tuple):
-        if len(value) > _MAX_ITEMS:
-            return value
-        items = [_own(item, search, depth + 1) for item in value]
-        if all(a is b for a, b in zip(items, value)):
-            return value
-        if kind is list or kind is tuple:
-            return items if kind is list else tuple(items)
-        make = getattr(kind, "_make", None)  # a namedtuple; other tuple subclasses stay shared
-        return make(items) if make is not None else value
-    if isinstance(value, dict) and (kind is dict or _namespace(value) in (None, {})):
-        # dict, OrderedDict, defaultdict (their state is their items)
-        if len(value) > _MAX_ITEMS:
-            return value
-        changed = {k: own for k, v in list(value.items()) if (own := _own(v, search, depth + 1)) is not v}
-        if not changed:
-            return value
-        if kind is dict:
-            return {**value, **changed}
+    def _with_own_parts(self, value: Any) -> Any:
+        key = id(value)
+        kind = type(value)
+        if kind is list:
+            replica = list(value)
+            self.copies[key] = replica  # before the parts: a cycle back here reaches the copy
+            replica[:] = [self.own(item) for item in value]
+            return replica
+        if kind is collections.deque:
+            replica = collections.deque(maxlen=value.maxlen)
+            self.copies[key] = replica
+            replica.extend(self.own(item) for item in list(value))
+            return replica
+        if _is_mapping_of_items(value):
+            replica = dict(value) if kind is dict else copy.copy(value)
+            self.copies[key] = replica
+            for k, v in list(value.items()):
+                if self._changed(v):
+                    replica[k] = self.own(v)
+            return replica
+        if kind is types.FunctionType:
+            return self._function(value)
+        if kind is types.BuiltinMethodType:
+            return getattr(self.own(value.__self__), value.__name__)
+        if isinstance(value, tuple) or kind in (functools.partial, types.MethodType):
+            self.building.add(key)
+            try:
+                return self._rebuilt(value)
+            finally:
+                self.building.discard(key)
+        return self._object(value, dataset=False)
+
+    def _rebuilt(self, value: Any) -> Any:
+        """A tuple, partial or bound method made anew from the worker's versions of its parts."""
+        kind = type(value)
+        if isinstance(value, tuple):
+            items = [self.own(item) for item in value]
+            if kind is tuple:
+                return tuple(items)
+            make = getattr(kind, "_make", None)  # a namedtuple; other tuple subclasses stay shared
+            return make(items) if make is not None else value
+        if kind is functools.partial:
+            kwargs = {k: self.own(v) for k, v in value.keywords.items()}
+            return functools.partial(self.own(value.func), *(self.own(a) for a in value.args), **kwargs)
+        return types.MethodType(self.own(value.__func__), self.own(value.__self__))
+
+    def _object(self, value: Any, dataset: bool) -> Any:
+        """A shallow copy of an object whose attributes (or slots) that lead somewhere are the worker's own."""
+        key = id(value)
         replica = copy.copy(value)
-        replica.update(changed)
+        if replica is value:  # a __copy__ returning self: never write into the user's object
+            return value
+        attrs = _namespace(replica)
+        if attrs is not None and attrs is _namespace(value):  # a __copy__ sharing the original's namespace
+            return value
+        self.copies[key] = replica  # before the attributes: what refers back reaches the copy
+        originals = _namespace(value) or {}
+        if attrs is not None:
+            for name, item in list(_class_generators(type(value), originals)):
+                if self._changed(item):
+                    attrs[name] = self.own(item)
+        for name, item in list(originals.items()):
+            if type(item) in _LEAF_TYPES:  # most attributes: answered before any call
+                continue
+            try:
+                if self._changed(item):
+                    attrs[name] = self.own(item)
+            except Exception:  # noqa: BLE001 - a dataset's attribute failing: it stays shared
+                if not dataset:
+                    raise
+        for name in _slot_names(type(value)):
+            try:
+                item = getattr(value, name)
+            except AttributeError:
+                continue
+            if self._changed(item):
+                object.__setattr__(replica, name, self.own(item))  # frozen dataclasses too
         return replica
-    if kind is functools.partial:  # transform=partial(augment, rng=rng)
-        parts = [value.func, *value.args, *value.keywords.values()]
-        owns = [_own(part, search, depth + 1) for part in parts]
-        if all(a is b for a, b in zip(owns, parts)):
-            return value
-        n = 1 + len(value.args)
-        return functools.partial(owns[0], *owns[1:n], **dict(zip(value.keywords, owns[n:])))
-    if kind is types.MethodType:  # transform=augmenter.apply: the method of the worker's augmenter
-        owner = _own(value.__self__, search, depth + 1)
-        return value if owner is value.__self__ else types.MethodType(value.__func__, owner)
-    attrs = _namespace(value)
-    if attrs is None or len(attrs) > _MAX_ITEMS:  # no __dict__ (C types, __slots__), or data: not searched
-        return value
-    changed = {k: own for k, v in list(attrs.items()) if (own := _own(v, search, depth + 1)) is not v}
-    if not changed:
-        return value
-    try:
-        replica = copy.copy(value)
-        own_attrs = _own_namespace(value, replica)
-    except Exception:  # noqa: BLE001 - uncopyable: its generators stay shared
-        return value
-    if own_attrs is None:
-        return value
-    own_attrs.update(changed)
-    return replica
+
+    def _function(self, fn: types.FunctionType) -> types.FunctionType:
+        """``fn`` with the worker's versions of its closure, defaults and the globals it names."""
+        key = id(fn)
+        namespace = fn.__globals__
+        names = [n for n in _global_names(fn.__code__) if n in namespace and id(namespace[n]) in self.leads]
+        if names:
+            # One copy of a module's namespace per worker, shared by its functions
+            # copied (a process has one module): what they rebind there stays theirs.
+            gkey = id(namespace)
+            if gkey not in self.copies:
+                self.copies[gkey] = dict(namespace)
+                self.leads.setdefault(gkey, namespace)  # keeps the id's object alive while compared
+            namespace = self.copies[gkey]
+        cells = tuple(types.CellType() for _ in fn.__closure__ or ())
+        replica = types.FunctionType(fn.__code__, namespace, fn.__name__, None, cells or None)
+        self.copies[key] = replica  # before its parts: a recursive function names itself
+        for own_cell, cell in zip(cells, fn.__closure__ or ()):
+            try:
+                own_cell.cell_contents = self.own(cell.cell_contents)
+            except ValueError:  # an empty cell stays empty
+                pass
+        replica.__defaults__ = tuple(self.own(d) for d in fn.__defaults__) if fn.__defaults__ else None
+        replica.__kwdefaults__ = {k: self.own(v) for k, v in fn.__kwdefaults__.items()} if fn.__kwdefaults__ else None
+        for name in names:
+            namespace[name] = self.own(fn.__globals__[name])
+        replica.__dict__.update(fn.__dict__)
+        replica.__qualname__, replica.__doc__ = fn.__qualname__, fn.__doc__
+        replica.__annotations__ = fn.__annotations__
+        replica.__module__ = fn.__module__
+        return replica
+
+
+# --- generators -----------------------------------------------------------------------------
 
 
 def _generator_copier(value: Any) -> Callable[[Any], Any] | None:
@@ -263,17 +484,3 @@ def _random_copy(value: random.Random) -> random.Random:
         own.__dict__.update(getattr(value, "__dict__", {}))
         own.setstate(value.getstate())
         return own
-
-
-def rebound(fn: Callable | None, original: Any, replica: Any) -> Callable | None:
-    """``fn`` bound to ``replica`` when it is a method bound to ``original``, else ``fn``.
-
-    ``worker_init_fn=dataset.init`` or ``collate_fn=dataset.collate`` act, in
-    a worker process, on that process's copy of the dataset; in a worker
-    thread they must act on the thread's copy.
-    """
-    # A bound method only: any other callable's attributes are not ours to probe
-    # (a callable object's __getattr__ may raise for names it does not know).
-    if replica is not original and isinstance(fn, types.MethodType) and fn.__self__ is original:
-        return types.MethodType(fn.__func__, replica)
-    return fn

@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Any
 
-from .._replica import worker_dataset
+from .._replica import worker_parts
 from ..stats import WorkerCounters
 from . import inherit
 from .thread_view import WorkerThreadView
@@ -68,15 +68,18 @@ class ThreadPool:
         # (persistent workers keep it). Made here, before the epoch draws its
         # order: generators the dataset shares with the sampler are copied in
         # the state they had when the workers started, as a process forks them.
+        # Its worker_init_fn and collate_fn too, where they hold generators or
+        # lead to the dataset (a partial holding it), as they travel with it to a process.
+        parts = {w: worker_parts(cfg.dataset, cfg.init_fn, cfg.collate_fn) for w in worker_ids}
         #: Worker id -> its copy of the dataset (a persistent IterableDataset
         #: copy carries its own state from epoch to epoch, as in a worker process).
-        self.replicas = {w: worker_dataset(cfg.dataset) for w in worker_ids}
+        self.replicas = {w: p.dataset for w, p in parts.items()}
         # Each worker starts as a forked worker process would: in the grad
         # mode and contextvars of the thread starting the pool (threadloader._engine.inherit).
         caller = inherit.capture()
         self._threads = [
             threading.Thread(target=inherit.run_inheriting,
-                             args=(caller, _worker_main, shared, cfg, w, self.replicas[w]),
+                             args=(caller, _worker_main, shared, cfg, w, parts[w]),
                              name=f"threadloader-worker-{w}", daemon=True)
             for w in worker_ids
         ]

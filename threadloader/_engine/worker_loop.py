@@ -27,7 +27,7 @@ from .. import _context, worker
 from .._interpreter import FREE_THREADED_BUILD
 from .intraop import limit_this_thread
 from .._pool import decode_pool
-from .._replica import rebound
+from .._replica import WorkerParts
 from .._torch_compat import DatasetKind, ExceptionWrapper, create_fetcher, pin_memory
 from ..stats import WorkerCounters
 
@@ -127,11 +127,11 @@ def _where(worker_id: int, what: str) -> str:
     return f"in DataLoader worker thread {worker_id} ({what})"
 
 
-def _worker_main(shared: _Shared, cfg: _Config, worker_id: int, replica: Any) -> None:
+def _worker_main(shared: _Shared, cfg: _Config, worker_id: int, parts: WorkerParts) -> None:
     """Body of one worker thread: set up worker info, init, then serve tasks.
 
     Args:
-        replica: this worker's copy of the dataset (:func:`threadloader._replica.worker_dataset`),
+        parts: this worker's copies of the dataset and hooks (:func:`threadloader._replica.worker_parts`),
             made by the pool's owner before the epoch drew anything.
     """
     # Room in the decode pool for one task's frames (they all live until
@@ -142,10 +142,7 @@ def _worker_main(shared: _Shared, cfg: _Config, worker_id: int, replica: Any) ->
         limit_this_thread()
         if cfg.pin and cfg.device_index is not None:
             torch.accelerator.set_device_index(cfg.device_index)
-        # The dataset's own methods passed as hooks follow its copy.
-        cfg = dataclasses.replace(
-            cfg, dataset=replica, init_fn=rebound(cfg.init_fn, cfg.dataset, replica),
-            collate_fn=rebound(cfg.collate_fn, cfg.dataset, replica))
+        cfg = dataclasses.replace(cfg, dataset=parts.dataset, init_fn=parts.init_fn, collate_fn=parts.collate_fn)
         worker.enter_worker(worker_id, cfg.num_workers, cfg.base_seed, cfg.dataset, process_wide=cfg.owns_process)
         # This thread only ever collates for this loader: tell collate
         # functions (frame_collate) once whether batches get pinned.

@@ -1,0 +1,242 @@
+"""Each worker's own copy of the dataset and hooks (threadloader/_replica.py), against DataLoader.
+
+A DataLoader worker process has its own copy of the dataset, ``collate_fn``
+and ``worker_init_fn``, and of every generator they reach, however it is
+reached. These datasets reach generators in the ways a worker thread's copy
+missed (a hunt with albumentations-style pipelines found them): each must give
+DataLoader's batches on every run (the sleeps make the threads interleave
+differently each time), and leave the user's objects untouched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import random
+import time
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset, default_collate
+
+from threadloader import ThreadDataLoader
+from threadloader._replica import worker_dataset, worker_parts
+
+
+class _Jitter:
+    """A transform with its own generator."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = np.random.default_rng(seed)
+
+    def __call__(self, x: float) -> float:
+        return x + float(self.rng.random())
+
+
+class _Chain:
+    """A list of transforms applied in turn (a ``Compose``/``OneOf``/``Sequential``)."""
+
+    def __init__(self, *transforms) -> None:
+        self.transforms = list(transforms)
+
+    def __call__(self, x: float) -> float:
+        for t in self.transforms:
+            x = t(x)
+        return x
+
+
+class _Applies(Dataset):
+    """``transform(i)`` for each index, slowly enough for the threads to interleave."""
+
+    def __init__(self, transform, n: int = 12) -> None:
+        self.transform = transform
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> float:
+        time.sleep(0.001 * (i % 3))
+        return self.transform(float(i))
+
+
+@dataclasses.dataclass(slots=True, frozen=True)
+class _SlottedJitter:
+    rng: np.random.Generator
+
+    def __call__(self, x: float) -> float:
+        return x + float(self.rng.random())
+
+
+class _ClassLevel(Dataset):
+    rng = np.random.default_rng(7)  # in the class body: a worker process has its own copy of it
+
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, i: int) -> float:
+        time.sleep(0.001 * (i % 3))
+        return i + float(self.rng.random())
+
+
+class _Draws(Dataset):
+    """``self.draw = rng.random``: a method of a generator (a builtin method), not the generator."""
+
+    def __init__(self) -> None:
+        self.draw = random.Random(6).random
+
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, i: int) -> float:
+        time.sleep(0.001 * (i % 3))
+        return i + self.draw()
+
+
+class _Record:
+    def __init__(self, i: int) -> None:
+        self.boxes = [_Box() for _ in range(64)]
+
+
+class _Box:
+    def __init__(self) -> None:
+        self.xyxy = (0.0, 0.0, 1.0, 1.0)
+
+
+class _RecordsFirst(_Applies):
+    """Annotation records (64 × 64 objects: more than the search's budget) before the transform."""
+
+    def __init__(self) -> None:
+        self.records = [_Record(i) for i in range(64)]
+        super().__init__(_Jitter(3))
+
+
+#: A module-level pipeline, named by a lambda (``transform=lambda x: AUG(x)``).
+AUG = _Chain(_Jitter(11), _Jitter(12))
+
+
+def _deep(depth: int):
+    t = _Jitter(5)
+    for _ in range(depth):
+        t = _Chain(t)
+    return t
+
+
+def _closure():
+    rng = random.Random(9)
+    return lambda x: x + rng.random()
+
+
+def _with_parent():
+    chain = _Chain(_Jitter(1))
+    chain.transforms[0].parent = chain  # refers back to the pipeline holding it
+    return chain
+
+
+DATASETS = {
+    "nested 12 deep": lambda: _Applies(_deep(12)),
+    "slots, frozen dataclass": lambda: _Applies(_SlottedJitter(np.random.default_rng(4))),
+    "module global named by a lambda": lambda: _Applies(lambda x: AUG(x)),  # noqa: PLW0108
+    "closure": lambda: _Applies(_closure()),
+    "a generator's method": _Draws,
+    "class attribute": _ClassLevel,
+    "after many records": _RecordsFirst,
+    "default of a function": lambda: _Applies(_default_rng),
+}
+
+
+def _default_rng(x: float, rng: random.Random = random.Random(8)) -> float:
+    return x + rng.random()
+
+
+def _batches(cls, ds, **kw):
+    return [b.tolist() for b in cls(ds, batch_size=2, num_workers=2, **kw)]
+
+
+@pytest.mark.parametrize("name", list(DATASETS))
+def test_generators_reached_any_way_are_each_workers_own(name):
+    # Each was shared by the worker threads: batches unlike DataLoader's and
+    # different on every run.
+    ds = DATASETS[name]()
+    oracle = _batches(DataLoader, ds, multiprocessing_context="fork")
+    for _ in range(3):
+        assert _batches(ThreadDataLoader, ds) == oracle
+    assert _batches(DataLoader, ds, multiprocessing_context="fork") == oracle  # the user's generators untouched
+
+
+class _Mixup:
+    """A collate_fn object with its own generator (a hand-written MixUp collator)."""
+
+    def __init__(self) -> None:
+        self.rng = np.random.default_rng(0)
+
+    def __call__(self, batch):
+        return default_collate(batch) * float(self.rng.beta(0.4, 0.4))
+
+
+@pytest.mark.parametrize("worker_processes", [0, 1])
+def test_a_collate_fn_with_its_own_generator_is_each_workers_own(worker_processes):
+    ds = _Applies(float, n=16)
+    oracle = _batches(DataLoader, ds, collate_fn=_Mixup(), multiprocessing_context="fork")
+    for _ in range(3):
+        assert _batches(ThreadDataLoader, ds, collate_fn=_Mixup(), worker_processes=worker_processes) == oracle
+
+
+def _reseed(worker_id: int, dataset: _Applies) -> None:
+    dataset.transform.rng = np.random.default_rng(100 + worker_id)
+
+
+def test_a_worker_init_fn_holding_the_dataset_reseeds_the_workers_copy():
+    # functools.partial(reseed, dataset=ds): in a worker process the dataset it
+    # holds is that process's copy. It reseeded the user's dataset instead
+    # (every worker the one object; the worker's copy kept the old seed).
+    def run(cls, **kw):
+        ds = _Applies(_Jitter(3))
+        rng = ds.transform.rng
+        out = _batches(cls, ds, worker_init_fn=functools.partial(_reseed, dataset=ds), **kw)
+        assert ds.transform.rng is rng  # the user's dataset keeps its generator
+        return out
+
+    oracle = run(DataLoader, multiprocessing_context="fork")
+    for _ in range(2):
+        assert run(ThreadDataLoader) == oracle
+
+
+def test_hooks_leading_nowhere_are_not_copied_and_the_users_objects_stay_as_they_were():
+    ds = _Applies(_Jitter(3))
+    ds.files = [f"f{i}" for i in range(1000)]
+    init = functools.partial(print, "init")
+    parts = worker_parts(ds, init, default_collate)
+    assert parts.init_fn is init and parts.collate_fn is default_collate
+    assert parts.dataset is not ds and parts.dataset.files is ds.files  # data shared
+    assert parts.dataset.transform.rng is not ds.transform.rng
+
+
+def test_copies_keep_the_shape_of_what_they_copy():
+    chain = _with_parent()
+    ds = _Applies(chain)
+    ds.alias = chain.transforms[0].rng  # one generator under two paths
+    own = worker_dataset(ds)
+    t = own.transform.transforms[0]
+    assert own.transform is not chain and t.parent is own.transform  # the back reference reaches the copy
+    assert own.alias is t.rng is not chain.transforms[0].rng
+    assert chain.transforms[0].parent is chain  # the user's pipeline unchanged
+
+    lam = worker_dataset(_Applies(lambda x: AUG(x)))  # noqa: PLW0108
+    assert lam.transform.__globals__["AUG"] is not AUG and lam.transform.__globals__ is not globals()
+    assert lam.transform.__name__ == "<lambda>" and lam.transform(1.0) >= 1.0
+    assert globals()["AUG"] is AUG
+
+    slotted = worker_dataset(_Applies(_SlottedJitter(np.random.default_rng(4))))
+    assert type(slotted.transform) is _SlottedJitter
+
+
+def test_a_bound_method_of_the_dataset_as_a_hook_follows_its_copy():
+    class Own(_Applies):
+        def init(self, worker_id):
+            self.worker = worker_id
+
+    ds = Own(_Jitter(3))
+    parts = worker_parts(ds, ds.init, None)
+    assert parts.init_fn.__self__ is parts.dataset and parts.init_fn.__func__ is Own.init
