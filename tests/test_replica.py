@@ -17,7 +17,6 @@ import time
 
 import numpy as np
 import pytest
-import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
 
 from threadloader import ThreadDataLoader
