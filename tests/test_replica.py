@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import gc
 import random
 import time
 
@@ -239,3 +240,50 @@ def test_a_bound_method_of_the_dataset_as_a_hook_follows_its_copy():
     ds = Own(_Jitter(3))
     parts = worker_parts(ds, ds.init, None)
     assert parts.init_fn.__self__ is parts.dataset and parts.init_fn.__func__ is Own.init
+
+
+class _ClosesInDel(Dataset):
+    """Opens a file in ``__init__``, and one per worker lazily; closes what it holds in ``__del__``."""
+
+    closed: list[str] = []
+
+    def __init__(self, path) -> None:
+        self.path = path
+        self.f = open(path, "rb")  # noqa: SIM115 - closed in __del__, the pattern under test
+        self.own = None
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> int:
+        if self.own is None:
+            self.own = open(self.path, "rb")  # noqa: SIM115
+        self.own.seek(i)
+        return self.own.read(1)[0] + 0 * self.f.fileno()
+
+    def __del__(self) -> None:
+        for name in ("own", "f"):
+            handle = getattr(self, name)
+            if handle is not None:
+                self.closed.append(name)
+                handle.close()
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_copy_finalized_closes_its_own_handles_not_the_datasets(tmp_path, persistent):
+    # The copies' __del__ closed the file the dataset opened in __init__ (they
+    # share it): the next epoch failed, and so did the dataset in the loader's process.
+    path = tmp_path / "data.bin"
+    path.write_bytes(bytes(range(64)))
+    ds = _ClosesInDel(path)
+    kw = dict(batch_size=4, num_workers=2, persistent_workers=persistent)
+    oracle = [[b.tolist() for b in DataLoader(ds, **kw)] for _ in range(2)]
+    _ClosesInDel.closed.clear()
+    loader = ThreadDataLoader(ds, **kw)
+    assert [[b.tolist() for b in loader] for _ in range(2)] == oracle
+    del loader
+    gc.collect()
+    assert not ds.f.closed and ds[3] == 3  # the dataset's own file stays open
+    assert _ClosesInDel.closed == ["own", "own"] * (1 if persistent else 2)  # each copy closed its own, once
+    ds.__del__()
+    assert ds.f.closed

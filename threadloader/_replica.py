@@ -27,6 +27,8 @@ import collections
 import copy
 import functools
 import random
+import sys
+import traceback
 import types
 from typing import Any, Callable, Iterator, NamedTuple
 
@@ -36,7 +38,7 @@ from torch.utils.data import ChainDataset, ConcatDataset, Subset
 
 from . import _rng
 
-__all__ = ["WorkerParts", "worker_dataset", "worker_parts"]
+__all__ = ["WorkerParts", "retire", "worker_dataset", "worker_parts"]
 
 #: How many steps below a root generators are looked for: a generator in a
 #: transform in a ``OneOf`` in a ``Compose`` in an adapter in a dataset is 10
@@ -66,6 +68,8 @@ class WorkerParts(NamedTuple):
     dataset: Any
     init_fn: Callable | None
     collate_fn: Callable | None
+    #: (copy, original) for the copies whose class has a ``__del__`` (see :func:`retire`).
+    finalized: tuple[tuple[Any, Any], ...] = ()
 
 
 def worker_parts(dataset: Any, init_fn: Callable | None, collate_fn: Callable | None) -> WorkerParts:
@@ -100,12 +104,58 @@ def worker_parts(dataset: Any, init_fn: Callable | None, collate_fn: Callable | 
     walk = _Walk()
     walk.run([dataset, init_fn, collate_fn], dataset)
     build = _Build(walk.leads(), walk.datasets)
-    return WorkerParts(build.own(dataset), build.own(init_fn), build.own(collate_fn))
+    return WorkerParts(build.own(dataset), build.own(init_fn), build.own(collate_fn), tuple(build.finalized))
 
 
 def worker_dataset(dataset: Any) -> Any:
     """The worker's own shallow copy of ``dataset`` (:func:`worker_parts` without hooks)."""
     return worker_parts(dataset, None, None).dataset
+
+
+def retire(parts: WorkerParts) -> None:
+    """Finalize a worker's copies as a worker process's exit would, without touching what they share.
+
+    A copy shares its attributes with the original: its class's ``__del__``
+    run as usual on collection would close the *original's* file handle (a
+    dataset opening one in ``__init__`` and closing it in ``__del__`` then
+    fails in its next epoch, and in the loader's process). Called once the
+    worker thread has stopped: each copy's ``__del__`` runs now, with the
+    attributes it shares with the original hidden (it closes what the worker
+    opened, as in a process; a shared one raises AttributeError there,
+    ignored), and is not run again on collection.
+    """
+    for replica, original in parts.finalized:
+        _finalize_copy(replica, original)
+
+
+def _finalize_copy(replica: Any, original: Any) -> None:
+    kind = type(replica)
+    attrs, shared_with = _namespace(replica), _namespace(original) or {}
+    if attrs is not None:
+        for name in [n for n, v in attrs.items() if type(v) not in _LEAF_TYPES and shared_with.get(n) is v]:
+            del attrs[name]
+    try:
+        kind.__del__(replica)
+    except AttributeError:  # a shared attribute it would have closed: the original's to close
+        pass
+    except Exception:  # noqa: BLE001 - reported as Python reports a failing __del__, never raised
+        print(f"Exception ignored in: {kind.__del__!r} (a worker thread's copy)", file=sys.stderr)
+        traceback.print_exc()
+    try:
+        replica.__class__ = _without_finalizer(kind)
+    except TypeError:  # a class that cannot be swapped: collection runs its __del__ once more
+        pass
+
+
+@functools.lru_cache(maxsize=256)
+def _without_finalizer(kind: type) -> type:
+    """``kind`` with a ``__del__`` that does nothing (same layout: ``__class__`` can be swapped)."""
+    return type(kind.__name__, (kind,), {"__slots__": (), "__del__": _finalized, "__module__": kind.__module__,
+                                          "__qualname__": kind.__qualname__})
+
+
+def _finalized(self: Any) -> None:
+    """A copy's ``__del__`` after :func:`retire` ran it."""
 
 
 # --- first pass: what leads where ---------------------------------------------------------
@@ -309,6 +359,8 @@ class _Build:
         self.copies: dict[int, Any] = {}
         #: ids of the objects whose copy is made after its parts (tuples, partials): a cycle back to one shares it.
         self.building: set[int] = set()
+        #: (copy, original) for copies whose class has a ``__del__``.
+        self.finalized: list[tuple[Any, Any]] = []
 
     def own(self, value: Any) -> Any:
         key = id(value)
@@ -389,6 +441,8 @@ class _Build:
         if attrs is not None and attrs is _namespace(value):  # a __copy__ sharing the original's namespace
             return value
         self.copies[key] = replica  # before the attributes: what refers back reaches the copy
+        if getattr(type(value), "__del__", None) is not None:
+            self.finalized.append((replica, value))
         originals = _namespace(value) or {}
         if attrs is not None:
             for name, item in list(_class_generators(type(value), originals)):
