@@ -337,6 +337,10 @@ def _collate_tensor_without_shm(batch, *, collate_fn_map=None):
         storage = torch.TypedStorage(numel, dtype=elem.dtype, device=elem.device, _internal=True)
         out = elem.new(storage).resize_(len(batch), *list(elem.size()))
     else:  # the same tensor, made 10 us faster than through a TypedStorage
+        # Not for a wrapper subclass (torch's TwoTensor): a worker process's
+        # ``elem.new(storage)`` there makes a plain tensor of the wrong values
+        # (a torch bug); this makes the subclass batch, as num_workers=0 does,
+        # and a subclass refusing both names ``new_empty`` in its error.
         out = elem.new_empty((len(batch), *elem.shape))
     return torch.stack(batch, 0, out=out)
 
