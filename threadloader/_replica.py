@@ -143,7 +143,7 @@ def _finalize_copy(replica: Any, original: Any) -> None:
         traceback.print_exc()
     try:
         replica.__class__ = _without_finalizer(kind)
-    except TypeError:  # a class that cannot be swapped: collection runs its __del__ once more
+    except Exception:  # noqa: BLE001 - a class that cannot be subclassed or swapped: collection runs its __del__ once more
         pass
 
 
