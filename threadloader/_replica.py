@@ -58,10 +58,6 @@ _LEAF_TYPES = frozenset({type(None), bool, int, float, complex, str, bytes, byte
                          torch.Tensor, np.ndarray, np.dtype, torch.dtype, torch.device, types.ModuleType,
                          types.CodeType, type})
 
-#: torch's dataset wrappers: the datasets they hold are datasets too, each copied for the worker.
-_WRAPPERS = (Subset, ConcatDataset, ChainDataset)
-
-
 class WorkerParts(NamedTuple):
     """What one worker works on: its dataset and hooks (see :func:`worker_parts`)."""
 
@@ -217,9 +213,7 @@ class _Walk:
                 continue
             found[key] = self.seen[key]
             stack.extend(h for h in self.holders.get(key, ()) if h not in found)
-        # The datasets: copied whether or not anything leads on from them.
-        found.update((key, self.seen[key]) for key in self.datasets if key in self.seen)
-        return found
+        return found  # the datasets among them: they are targets, copied whether or not anything leads on
 
 
 def _inner_datasets(dataset: Any) -> list[Any]:
@@ -381,10 +375,6 @@ class _Build:
         self.copies[key] = own
         return own
 
-    def _changed(self, value: Any) -> bool:
-        """Whether the worker's version of ``value`` is another object."""
-        return self.own(value) is not value
-
     def _with_own_parts(self, value: Any) -> Any:
         key = id(value)
         kind = type(value)
@@ -402,8 +392,8 @@ class _Build:
             replica = dict(value) if kind is dict else copy.copy(value)
             self.copies[key] = replica
             for k, v in list(value.items()):
-                if self._changed(v):
-                    replica[k] = self.own(v)
+                if (own := self.own(v)) is not v:
+                    replica[k] = own
             return replica
         if kind is types.FunctionType:
             return self._function(value)
@@ -446,14 +436,14 @@ class _Build:
         originals = _namespace(value) or {}
         if attrs is not None:
             for name, item in list(_class_generators(type(value), originals)):
-                if self._changed(item):
-                    attrs[name] = self.own(item)
+                if (own := self.own(item)) is not item:
+                    attrs[name] = own
         for name, item in list(originals.items()):
             if type(item) in _LEAF_TYPES:  # most attributes: answered before any call
                 continue
             try:
-                if self._changed(item):
-                    attrs[name] = self.own(item)
+                if (own := self.own(item)) is not item:
+                    attrs[name] = own
             except Exception:  # noqa: BLE001 - a dataset's attribute failing: it stays shared
                 if not dataset:
                     raise
@@ -462,8 +452,8 @@ class _Build:
                 item = getattr(value, name)
             except AttributeError:
                 continue
-            if self._changed(item):
-                object.__setattr__(replica, name, self.own(item))  # frozen dataclasses too
+            if (own := self.own(item)) is not item:
+                object.__setattr__(replica, name, own)  # frozen dataclasses too
         return replica
 
     def _function(self, fn: types.FunctionType) -> types.FunctionType:
@@ -475,9 +465,8 @@ class _Build:
             # One copy of a module's namespace per worker, shared by its functions
             # copied (a process has one module): what they rebind there stays theirs.
             gkey = id(namespace)
-            if gkey not in self.copies:
+            if gkey not in self.copies:  # (the module keeps its namespace, and so its id, alive)
                 self.copies[gkey] = dict(namespace)
-                self.leads.setdefault(gkey, namespace)  # keeps the id's object alive while compared
             namespace = self.copies[gkey]
         cells = tuple(types.CellType() for _ in fn.__closure__ or ())
         replica = types.FunctionType(fn.__code__, namespace, fn.__name__, None, cells or None)

@@ -70,7 +70,6 @@ class ThreadPool:
         # the state they had when the workers started, as a process forks them.
         # Its worker_init_fn and collate_fn too, where they hold generators or
         # lead to the dataset (a partial holding it), as they travel with it to a process.
-        self._worker_ids = list(worker_ids)
         self._parts = parts = {w: worker_parts(cfg.dataset, cfg.init_fn, cfg.collate_fn) for w in worker_ids}
         #: Worker id -> its copy of the dataset (a persistent IterableDataset
         #: copy carries its own state from epoch to epoch, as in a worker process).
@@ -131,7 +130,7 @@ class ThreadPool:
     def stop(self) -> None:
         """Stop and join the threads (idempotent), dropping undelivered results."""
         _stop_threads(self._shared, self._threads)
-        for worker_id, thread in zip(self._worker_ids, self._threads):
+        for worker_id, thread in zip(self.replicas, self._threads):  # both in worker order
             if worker_id in self._parts and not thread.is_alive():  # one still running keeps using its copies
                 retire(self._parts.pop(worker_id))
         if self._owns_results:
