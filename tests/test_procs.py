@@ -951,3 +951,59 @@ def test_pin_memory_pins_in_the_parent():
     assert all(b[1].is_pinned() for b in batches)
     assert to_list(batches) == to_list(DataLoader(Squares(8), batch_size=4))
     assert loader.stats().snapshot()["pin_s"] > 0
+
+
+# --- batch buffers reused across processes (_procs.arena) ---------------------------------
+
+class _Frames(Dataset):
+    """Sample i: an 8x6 RGB frame of value i % 251, and i."""
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int):
+        from threadloader import Frame
+
+        return Frame(np.full((8, 6, 3), i % 251, np.uint8)), i
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+def test_frame_batches_from_processes_reuse_their_buffers_and_never_overwrite_a_held_one(normalize):
+    import functools
+
+    from threadloader import frame_collate
+    from threadloader._procs.arena import mirror_count
+
+    mirrors = mirror_count()
+    collate = functools.partial(frame_collate, normalize=((0.5,), (0.25,))) if normalize else frame_collate
+    expected = list(DataLoader(_Frames(), batch_size=4, collate_fn=collate))
+    loader = ThreadDataLoader(_Frames(), batch_size=4, num_workers=4, worker_processes=2, collate_fn=collate,
+                              persistent_workers=True, multiprocessing_context=FORK)
+    held = None
+    for _ in range(3):
+        for k, (images, labels) in enumerate(loader):
+            assert torch.equal(images, expected[k][0]) and images.stride() == expected[k][0].stride()
+            assert torch.equal(labels, expected[k][1])
+            if held is None:  # the first batch, a view and a NumPy array of it, kept to the end
+                held = (images, images[1:3], images.numpy()[0], expected[k][0].clone())
+    images, view, arr, value = held
+    assert torch.equal(images, value) and torch.equal(view, value[1:3]) and np.array_equal(arr, value.numpy()[0])
+    # 48 batches, yet each child mapped only its in-flight working set (2 per
+    # worker thread, the consumer's, the one being pinned) and the held batch.
+    blocks = [len(c.mirror._blocks) for c in loader._iterator._pool._children]
+    assert all(n <= 2 * 2 + 2 + 1 for n in blocks), blocks
+    del loader, held, images, view, arr
+    gc.collect()
+    assert mirror_count() == mirrors
+
+
+def test_a_stopped_pool_leaves_no_mirror_and_its_batches_stay_readable():
+    from threadloader import frame_collate
+    from threadloader._procs.arena import mirror_count
+
+    mirrors = mirror_count()
+    loader = ThreadDataLoader(_Frames(), batch_size=8, num_workers=2, worker_processes=2, collate_fn=frame_collate,
+                              multiprocessing_context=FORK)
+    batches = list(loader)  # not persistent: the pool stopped at the epoch's end
+    assert mirror_count() == mirrors
+    assert [b[0][:, 0, 0, 0].tolist() for b in batches] == [list(range(k, k + 8)) for k in range(0, 64, 8)]

@@ -10,6 +10,7 @@ here is global.
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 _local = threading.local()
 
@@ -37,6 +38,7 @@ def set_collating(pin: bool) -> None:
 # Set once in a threadloader worker process (worker_processes > 0), never
 # cleared: the whole process serves one loader.
 _child_process = False
+_arena: Any = None
 
 
 def batches_cross_processes() -> bool:
@@ -52,7 +54,18 @@ def batches_cross_processes() -> bool:
     return _child_process
 
 
-def mark_child_process() -> None:
-    """Record that this process is a threadloader worker process (called once, in the child)."""
-    global _child_process
+def child_arena() -> Any:
+    """The shared-memory batch buffers of this worker process (a ``ChildArena``); None elsewhere."""
+    return _arena
+
+
+def mark_child_process(arena: Any) -> None:
+    """Record that this process is a threadloader worker process (called once, in the child).
+
+    Args:
+        arena: its ``threadloader._procs.arena.ChildArena``, where batches
+            for the loader's process are built.
+    """
+    global _child_process, _arena
     _child_process = True
+    _arena = arena

@@ -23,8 +23,9 @@ the free list. Nothing is reused earlier, whatever the user keeps.
 * Pinned memory is not pooled here: torch's caching host allocator already
   reuses pinned blocks, and only once every copy that read them has completed
   (it records events on non-blocking copies), which a pool of ours could not
-  see. Shared memory for worker processes is not pooled either: the receiving
-  process keeps using it after this one lets go.
+  see. Shared memory for ``worker_processes`` children is pooled by
+  :class:`threadloader._procs.arena.ChildArena`, this pool with one more
+  holder per block: the loader's process.
 """
 
 from __future__ import annotations
@@ -98,9 +99,9 @@ class BufferPool:
                     break
             self._loans += 1
             if free and self._loans - free[0][2] > self._idle_limit():
-                del free[0]  # the oldest, unmatched all that time: not part of the working set
+                self._drop(1)  # the oldest, unmatched all that time: not part of the working set
             if block is None:
-                block = np.empty(capacity, dtype=np.uint8)
+                block = self._new_block(capacity)
             # A new memoryview per loan, and the array over it: the weak
             # reference watches the memoryview numpy keeps as the array's base.
             # numpy collapses a view's base to the first object that is not a
@@ -118,9 +119,39 @@ class BufferPool:
             entry = self._lent.pop(id(ref), None)
             if entry is None:  # lent before a fork, by the parent
                 return
-            self._free.append((entry[1], entry[2], self._loans))
-            if len(self._free) > self.slack + self._reserved:
-                del self._free[0]
+            if self._reusable(entry[2]):
+                self._put_back(entry[1], entry[2])
+
+    # Hooks for pools whose blocks are also held outside this process (see
+    # threadloader._procs.arena); each runs with the lock held.
+
+    def _new_block(self, capacity: int) -> np.ndarray:
+        """A new block: a 1-D uint8 array of ``capacity`` bytes."""
+        return np.empty(capacity, dtype=np.uint8)
+
+    def _reusable(self, block: np.ndarray) -> bool:
+        """Whether ``block``, let go of by everything here, may be lent again now.
+
+        A pool saying no puts it back itself (:meth:`_put_back`) once whoever
+        else holds it has let go.
+        """
+        return True
+
+    def _forget(self, block: np.ndarray) -> None:
+        """``block`` leaves the pool for good."""
+
+    def _put_back(self, capacity: int, block: np.ndarray) -> None:
+        """Add a block nobody uses to the free list (newest last), within the limit."""
+        self._free.append((capacity, block, self._loans))
+        if len(self._free) > self.slack + self._reserved:
+            self._drop(1)
+
+    def _drop(self, count: int) -> None:
+        """Let the ``count`` oldest free blocks go."""
+        dropped = self._free[:count]
+        del self._free[:count]
+        for entry in dropped:
+            self._forget(entry[1])
 
     def _idle_limit(self) -> int:
         """Loans after which a free block nobody asked for is let go (caller holds the lock).
@@ -160,7 +191,7 @@ class BufferPool:
                 self._reserved -= blocks
                 excess = len(self._free) - (self.slack + self._reserved)
                 if excess > 0:
-                    del self._free[:excess]
+                    self._drop(excess)
 
         return release
 
@@ -174,7 +205,7 @@ class BufferPool:
     def clear(self) -> None:
         """Drop the free blocks (blocks in use are unaffected)."""
         with self._lock:
-            self._free.clear()
+            self._drop(len(self._free))
 
     def _after_fork(self) -> None:
         # A forked child starts with one thread: a lock held by another parent

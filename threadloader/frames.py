@@ -167,13 +167,17 @@ def _batch_buffer(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         # torch's caching host allocator reuses pinned blocks only after their
         # non-blocking copies completed: it is the pool for pinned memory.
         return torch.empty(shape, dtype=dtype, pin_memory=True)
+    arena = _context.child_arena()
+    if arena is not None:
+        # A worker_processes child: shared memory the loader's process maps
+        # once and hands back when the consumer lets go (_procs.arena).
+        return arena.take(shape, dtype)
     info = torch.utils.data.get_worker_info()
-    if info is not None and (getattr(info, "worker_method", "process") != "thread"
-                             or _context.batches_cross_processes()):
-        # Worker *process* (DataLoader's, or a thread of a worker_processes
-        # child): build the batch in shared memory, as default_collate
-        # does, so sending it to the main process copies nothing. Not pooled:
-        # the main process keeps using it after this one lets go.
+    if info is not None and getattr(info, "worker_method", "process") != "thread":
+        # DataLoader's worker process: build the batch in shared memory, as
+        # default_collate does, so sending it to the main process copies
+        # nothing. Not pooled: the main process keeps using it after this
+        # one lets go.
         nbytes = dtype.itemsize
         for d in shape:
             nbytes *= d

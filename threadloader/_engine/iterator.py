@@ -114,7 +114,7 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
         if processes:
             from .._procs import ProcessPool  # the process layer builds on the engine's pool
 
-            self._pool: Any = ProcessPool(cfg, processes, loader.multiprocessing_context)
+            self._pool: Any = ProcessPool(cfg, processes, loader.multiprocessing_context, self._prefetch_factor)
         else:
             self._pool = ThreadPool(cfg, list(range(self._num_workers)))
         # Runs on del / garbage collection of this iterator, on explicit

@@ -31,8 +31,9 @@ from .._engine.pool import ThreadPool
 from .._engine.worker_loop import _Config
 from .._torch_compat import set_worker_signal_handlers
 from ..stats import process_cpu_seconds
+from .arena import ChildArena
 from .counters import CPU, ArrayCounters
-from .wire import NEW_EPOCH, ParcelQueue
+from .wire import NEW_EPOCH, RELEASED, ParcelQueue
 
 __all__ = ["POLL_S", "child_main"]
 
@@ -85,6 +86,8 @@ def child_main(
     counters: torch.Tensor,
     parent_pid: int,
     death_signal: bool,
+    arena_token: str,
+    arena_slack: int,
 ) -> None:
     """Body of one worker process: run its worker threads until told to stop or orphaned."""
     # Ctrl-C is the parent's to handle. A handler that does nothing, not
@@ -102,7 +105,8 @@ def child_main(
         _set_parent_death_signal()
     if not _loader_alive(direct_parent):  # it died before the signal was set up
         return
-    _context.mark_child_process()
+    arena = ChildArena(arena_token, arena_slack)
+    _context.mark_child_process(arena)
     torch.set_num_threads(1)  # as DataLoader's workers: no intra-op pool per process
     # Threads the workers start use the process's generators: seeded per
     # child (DataLoader's seeds when the child holds one worker), not the
@@ -125,7 +129,9 @@ def child_main(
             if msg is None:
                 return
             worker_id, job = msg
-            if worker_id == NEW_EPOCH:
+            if worker_id == RELEASED:
+                arena.parent_released(job)
+            elif worker_id == NEW_EPOCH:
                 pool.new_epoch(job)
             else:
                 pool.submit(worker_id, job)

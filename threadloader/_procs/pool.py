@@ -42,9 +42,10 @@ from .. import _fork, _torch_compat
 from .._engine.pool import JOIN_BUDGET_S
 from .._engine.worker_loop import _CRASHED, _DATA, _DIED, STOPPED_MESSAGE, ProcessDeath, _Config, _drain, pin_task
 from .._torch_compat import ExceptionWrapper
+from .arena import Mirror
 from .child import POLL_S, child_main
 from .counters import COLUMNS, CPU, ArrayCounters
-from .wire import NEW_EPOCH, ReceiveError
+from .wire import NEW_EPOCH, RELEASED, ReceiveError
 
 __all__ = ["ProcessPool", "check_worker_processes"]
 
@@ -110,6 +111,8 @@ class _Child:
             _fork.private_fd(writer.fileno(), self)
         self.process: Any = None
         self.receiver: threading.Thread | None = None
+        # Its batch buffers as mapped here (closed by the pool's stop()).
+        self.mirror = Mirror()
 
     def _writer(self) -> Any:
         return getattr(self.results, "_writer", None)  # multiprocessing.Queue's end (not public API)
@@ -136,9 +139,11 @@ class ProcessPool:
         cfg: what every worker needs (pinning, if asked, happens in the parent).
         num_processes: P, 1 .. ``cfg.num_workers``.
         mp_context: the loader's ``multiprocessing_context`` (None: torch's default).
+        prefetch_factor: tasks in flight per worker (sizes each child's
+            arena of batch buffers, :mod:`.arena`).
     """
 
-    def __init__(self, cfg: _Config, num_processes: int, mp_context: Any = None) -> None:
+    def __init__(self, cfg: _Config, num_processes: int, mp_context: Any = None, prefetch_factor: int = 2) -> None:
         num_processes = operator.index(num_processes)  # a NumPy int too
         self._ctx = mp_context if mp_context is not None else torch_mp
         self._pin = cfg.pin
@@ -170,10 +175,13 @@ class ProcessPool:
                 with _start_lock:
                     child = _Child(self._ctx, p, list(range(p, num_workers, num_processes)))
                     self._children.append(child)
+                    # Free blocks kept: its batches in flight, the one the
+                    # consumer holds and the one being pinned.
+                    arena_slack = prefetch_factor * len(child.worker_ids) + 2
                     child.process = self._ctx.Process(
                         target=child_main,
                         args=(child_cfg, child.worker_ids, child.jobs, child.results, self._counter_tensor,
-                              os.getpid(), death_signal),
+                              os.getpid(), death_signal, child.mirror.token, arena_slack),
                         name=f"threadloader-process-{p}",
                         daemon=True,
                     )
@@ -204,7 +212,11 @@ class ProcessPool:
         """
         if self._stopped:
             raise RuntimeError(self.failure or STOPPED_MESSAGE)
-        self._by_worker[worker_id].jobs.put((worker_id, job))
+        child = self._by_worker[worker_id]
+        released = child.mirror.take_released()
+        if released:  # the batch buffers the consumer let go of: the child may reuse them
+            child.jobs.put((RELEASED, released))
+        child.jobs.put((worker_id, job))
 
     def new_epoch(self, generation: int | None = None) -> None:
         """Start a new generation: results of older ones are stale from now on.
@@ -294,6 +306,7 @@ class ProcessPool:
                 if child.receiver.is_alive():
                     continue
             child.close_writing_end()  # a child that failed to start still had it
+            child.mirror.close()  # its receiver is done: no more batches to rebuild
             for q in (child.jobs, child.results):
                 q.cancel_join_thread()
                 q.close()

@@ -1,14 +1,15 @@
 """What travels between a ``worker_processes`` child and its parent, and how.
 
 Jobs go to a child as ``(worker_id, (task, generation, index))`` on its job
-queue (or :data:`NEW_EPOCH`, or None to stop). Results come back as the thread
+queue (or :data:`NEW_EPOCH`, :data:`RELEASED`, or None to stop). Results come back as the thread
 engine's messages ``(kind, generation, task, worker_id, payload)`` on its
 result queue, where :class:`ParcelQueue` wraps a data payload as a
 :class:`Parcel` (pickled on its own, so a payload that cannot be unpickled in
 the parent is an error of its task, not of the whole channel) and the
 exception that ended a worker thread as a :class:`Death` (whose message must
 arrive whatever the exception holds). Tensors travel as shared-memory handles
-(torch's reductions in ``ForkingPickler``).
+(torch's reductions in ``ForkingPickler``), batches in the child's arena of
+reused buffers by block id (:mod:`.arena`).
 """
 
 from __future__ import annotations
@@ -20,14 +21,18 @@ import os
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
+from .. import _context
 from .._torch_compat import ExceptionWrapper
 from .._engine.worker_loop import _DATA, _DIED
 
 __all__ = ["NEW_EPOCH", "TOO_MANY_OPEN_FILES", "Death", "Parcel", "ParcelQueue", "ReceiveError",
            "WorkerExitStandIn", "out_of_fds"]
 
-#: Control message on a child's job queue (besides ``(worker_id, job)`` and None).
+#: Control messages on a child's job queue (besides ``(worker_id, job)`` and
+#: None): ``(NEW_EPOCH, generation)``; ``(RELEASED, block ids)``, arena blocks
+#: the loader's process let go of.
 NEW_EPOCH = -1
+RELEASED = -2
 
 
 class Parcel:
@@ -109,6 +114,9 @@ def _undeath(data: bytes, text: str) -> BaseException:
 
 
 def _dumps(obj: Any) -> bytes:
+    arena = _context.child_arena()
+    if arena is not None:
+        return arena.dumps(obj)
     buf = io.BytesIO()
     ForkingPickler(buf).dump(obj)  # torch's reductions: tensors travel as shared-memory handles
     return buf.getvalue()

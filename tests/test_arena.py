@@ -1,0 +1,146 @@
+"""A worker process's arena of shared-memory batch buffers, both ends in this process.
+
+:class:`ChildArena` (a child's side) and :class:`Mirror` (the parent's) are
+driven by hand here: what a child pickles, the parent unpickles; what the
+parent lets go of, the child hears of only when told. The loader-level
+behaviour (through real child processes) is in ``test_procs.py``.
+"""
+
+from __future__ import annotations
+
+import gc
+import pickle
+from multiprocessing.reduction import ForkingPickler
+
+import numpy as np
+import pytest
+import torch
+
+from threadloader._procs.arena import ChildArena, Mirror, mirror_count
+
+
+@pytest.fixture
+def ends():
+    mirror = Mirror()
+    arena = ChildArena(mirror.token, slack=2)
+    yield arena, mirror
+    mirror.close()
+
+
+def _batch(arena: ChildArena, value: int, n: int = 4) -> torch.Tensor:
+    # As frame_collate: an (N, C, H, W) channels-last view of an (N, H, W, C) buffer.
+    t = arena.take((n, 8, 6, 3), torch.uint8).permute(0, 3, 1, 2)
+    t.fill_(value)
+    return t
+
+
+def _send(arena: ChildArena, obj):
+    """Child pickles, parent unpickles (the queue between them is left out)."""
+    return ForkingPickler.loads(arena.dumps(obj))
+
+
+def _tell_child(arena: ChildArena, mirror: Mirror) -> None:
+    gc.collect()
+    arena.parent_released(mirror.take_released())
+
+
+def test_a_batch_arrives_with_its_values_shape_and_strides(ends):
+    arena, mirror = ends
+    sent = _batch(arena, 5)
+    got, label = _send(arena, (sent, torch.tensor([1, 2])))
+    assert torch.equal(got, sent) and got.stride() == sent.stride() and got.dtype == torch.uint8
+    assert label.tolist() == [1, 2]
+    floats = arena.take((2, 3), torch.float32)
+    floats.copy_(torch.arange(6.0).view(2, 3))
+    view = floats[:, 1:]
+    got = _send(arena, view)
+    assert torch.equal(got, view) and got.storage_offset() == view.storage_offset()
+
+
+def test_a_block_is_lent_again_only_once_both_processes_let_go(ends):
+    arena, mirror = ends
+    sent = _batch(arena, 7)
+    ptr = sent.data_ptr()
+    got = _send(arena, sent)
+    del sent  # the child is done with it; the parent is not
+    _tell_child(arena, mirror)
+    for i in range(20):
+        b = _batch(arena, i % 7)
+        assert b.data_ptr() != ptr, "reused while the parent held it"
+        _send(arena, b)  # received and dropped at once
+        del b
+        _tell_child(arena, mirror)
+    view, arr = got[1:3], got.numpy()
+    del got
+    _tell_child(arena, mirror)
+    assert _batch(arena, 1).data_ptr() != ptr, "reused while a view was alive in the parent"
+    assert torch.all(view == 7) and np.all(arr == 7)
+    del view, arr
+    gc.collect()
+    b = _batch(arena, 2)
+    assert b.data_ptr() != ptr, "reused before the child was told"
+    del b
+    _tell_child(arena, mirror)
+    assert _batch(arena, 3).data_ptr() == ptr, "the released block was not reused"
+
+
+def test_a_block_travels_once_then_by_id(ends):
+    arena, mirror = ends
+    first = arena.dumps(_batch(arena, 1))
+    ForkingPickler.loads(first)
+    _tell_child(arena, mirror)
+    again = arena.dumps(_batch(arena, 2))  # the same block, which the parent maps already
+    assert len(again) < len(first)
+    assert torch.all(ForkingPickler.loads(again) == 2)
+
+
+def test_a_message_that_fails_to_pickle_gives_its_blocks_back(ends):
+    arena, mirror = ends
+    b = _batch(arena, 4)
+    ptr = b.data_ptr()
+    with pytest.raises((pickle.PicklingError, AttributeError, TypeError)):
+        arena.dumps((b, lambda: None))
+    del b
+    gc.collect()
+    again = _batch(arena, 6)
+    assert again.data_ptr() == ptr  # no parent loan was left counted
+    got = _send(arena, again)  # and it still travels with its storage: the parent never got it
+    assert torch.all(got == 6)
+
+
+def test_blocks_the_child_drops_are_unmapped_by_the_parent(ends):
+    arena, mirror = ends  # slack 2
+    held = [_send(arena, _batch(arena, i)) for i in range(6)]
+    assert len(mirror._blocks) == 6
+    del held
+    _tell_child(arena, mirror)  # 6 free blocks, 2 kept: 4 dropped
+    assert arena.stats()["free"] == 2
+    _send(arena, _batch(arena, 0))  # their ids ride with the next batch
+    assert len(mirror._blocks) == 2
+
+
+def test_only_plain_tensors_in_the_arena_travel_by_id(ends):
+    arena, mirror = ends
+    assert arena.reduce(torch.zeros(3)) is None  # not arena memory: torch's reduction
+    b = arena.take((4,), torch.float32)
+    assert arena.reduce(b.requires_grad_()) is None
+    c = arena.take((4,), torch.complex64)
+    c.fill_(1 + 2j)
+    assert arena.reduce(c.conj()) is None
+    got = _send(arena, (torch.ones(3), c.conj()))  # still arrive, through torch's reduction
+    # (which drops the conjugate bit, in DataLoader's workers too)
+    assert torch.equal(got[0], torch.ones(3))
+    assert torch.equal(got[1], ForkingPickler.loads(ForkingPickler.dumps(c.conj())))
+
+
+def test_a_closed_mirror_rebuilds_nothing_and_its_loans_keep_their_memory():
+    before = mirror_count()
+    mirror = Mirror()
+    arena = ChildArena(mirror.token, slack=2)
+    got = _send(arena, _batch(arena, 9))
+    data = arena.dumps(_batch(arena, 3))
+    mirror.close()
+    assert mirror_count() == before
+    assert torch.all(got == 9)
+    with pytest.raises(RuntimeError, match="loader that has stopped"):
+        ForkingPickler.loads(data)
