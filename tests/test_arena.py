@@ -22,7 +22,7 @@ from threadloader._procs.arena import ChildArena, Mirror, mirror_count
 @pytest.fixture
 def ends():
     mirror = Mirror()
-    arena = ChildArena(mirror.token, slack=2)
+    arena = ChildArena(mirror.token, batches=2)
     yield arena, mirror
     mirror.close()
 
@@ -109,7 +109,7 @@ def test_a_message_that_fails_to_pickle_gives_its_blocks_back(ends):
 
 
 def test_blocks_the_child_drops_are_unmapped_by_the_parent(ends):
-    arena, mirror = ends  # slack 2
+    arena, mirror = ends  # 2 batches of one tensor: 2 free blocks kept
     held = [_send(arena, _batch(arena, i)) for i in range(6)]
     assert len(mirror._blocks) == 6
     del held
@@ -136,7 +136,7 @@ def test_only_plain_tensors_in_the_arena_travel_by_id(ends):
 def test_a_closed_mirror_rebuilds_nothing_and_its_loans_keep_their_memory():
     before = mirror_count()
     mirror = Mirror()
-    arena = ChildArena(mirror.token, slack=2)
+    arena = ChildArena(mirror.token, batches=2)
     got = _send(arena, _batch(arena, 9))
     data = arena.dumps(_batch(arena, 3))
     mirror.close()
@@ -144,3 +144,33 @@ def test_a_closed_mirror_rebuilds_nothing_and_its_loans_keep_their_memory():
     assert torch.all(got == 9)
     with pytest.raises(RuntimeError, match="loader that has stopped"):
         ForkingPickler.loads(data)
+
+
+def test_past_max_blocks_held_batches_get_fresh_shared_memory(ends):
+    # A training loop keeping every batch: each arena block holds a file
+    # descriptor in the child too, so past max_blocks the child goes back to
+    # DataLoader's way (fresh shared memory, its descriptor closed once sent).
+    arena, mirror = ends
+    held = [_send(arena, _batch(arena, i % 200)) for i in range(arena.max_blocks)]
+    assert len(mirror._blocks) == arena.max_blocks
+    fresh = _batch(arena, 3)
+    assert fresh.is_shared() and arena.reduce(fresh) is None
+    got = _send(arena, fresh)
+    assert torch.all(got == 3) and got.is_shared()
+    assert all(torch.all(h == i % 200) for i, h in enumerate(held))
+    del held[0]
+    _tell_child(arena, mirror)
+    assert not _batch(arena, 1).is_shared()  # a block is free again: the arena lends it
+
+
+def test_free_blocks_kept_grow_with_the_tensors_a_result_holds(ends):
+    # Images and labels: two blocks per batch, so twice the free blocks (and
+    # the bound on blocks in use) for the same batches in circulation.
+    arena, mirror = ends
+    assert arena.slack == 2 and arena.max_blocks == 12
+    _send(arena, [_batch(arena, 1), arena.take((4,), torch.int64)])
+    assert arena.slack == 4 and arena.max_blocks == 16
+    held = [_send(arena, [_batch(arena, i), arena.take((4,), torch.int64)]) for i in range(2)]
+    del held
+    _tell_child(arena, mirror)
+    assert arena.stats()["free"] == 4  # (of 6) two batches' worth kept, not one's

@@ -38,7 +38,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-__all__ = ["BufferPool", "host_pool"]
+__all__ = ["BufferPool", "decode_pool", "host_pool", "nbytes_of"]
 
 
 class BufferPool:
@@ -77,10 +77,7 @@ class BufferPool:
         Its memory returns to the pool when the last tensor or array using it
         is gone; it is never handed out again before.
         """
-        nbytes = dtype.itemsize
-        for d in shape:
-            nbytes *= d
-        return torch.from_numpy(self.take_bytes(nbytes)).view(dtype).view(shape)
+        return torch.from_numpy(self.take_bytes(nbytes_of(shape, dtype))).view(dtype).view(shape)
 
     def take_bytes(self, nbytes: int) -> np.ndarray:
         """An uninitialised 1-D uint8 array of ``nbytes``, lent like :meth:`take`.
@@ -88,7 +85,7 @@ class BufferPool:
         The block returns to the pool when this array object and everything
         built on it (views, tensors, arrays decoded into it) are gone.
         """
-        capacity = max(-(-nbytes // self.granule) * self.granule, 1)
+        capacity = self.capacity(nbytes)
         # One lock round for the whole loan: this runs once per decoded image.
         with self._lock:
             block = None
@@ -113,6 +110,10 @@ class BufferPool:
             ref = weakref.ref(lent.base, self._give_back)  # numpy's own memoryview of it
             self._lent[id(ref)] = (ref, capacity, block)
         return lent
+
+    def capacity(self, nbytes: int) -> int:
+        """The size of the block lent for ``nbytes`` (rounded up to the granule)."""
+        return max(-(-nbytes // self.granule) * self.granule, 1)
 
     def _give_back(self, ref: weakref.ref) -> None:
         with self._lock:
@@ -214,6 +215,14 @@ class BufferPool:
         self._free = []
         self._lent = {}
         self._reserved = 0  # the parent's loaders do not run here
+
+
+def nbytes_of(shape: tuple[int, ...], dtype: torch.dtype) -> int:
+    """Bytes of a contiguous tensor of ``shape`` and ``dtype``."""
+    nbytes = dtype.itemsize
+    for d in shape:
+        nbytes *= d
+    return nbytes
 
 
 #: The process's pool for non-pinned batch buffers (frame_collate's).

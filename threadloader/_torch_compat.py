@@ -308,11 +308,17 @@ def _thread_aware_get_worker_info():  # pragma: no cover - body runs as torch's
 def _collate_tensor_without_shm(batch, *, collate_fn_map=None):
     # default_collate asks get_worker_info() whether to allocate the batch in
     # shared memory. In our threads the answer must be "no": the batch stays
-    # in this process. In a worker process the batch goes to the parent:
-    # shared memory saves a copy.
-    if getattr(_tls, "info", None) is None or _context.batches_cross_processes():
+    # in this process. In a worker_processes child the batch goes to the
+    # parent: shared memory saves a copy, and the child's arena of reused
+    # blocks (threadloader._procs.arena) saves a fresh segment per batch.
+    if getattr(_tls, "info", None) is None:
         return _original_collate_tensor(batch, collate_fn_map=collate_fn_map)
     elem = batch[0]
+    arena = _context.child_arena()
+    if arena is not None and (type(elem) is not torch.Tensor or elem.device.type != "cpu" or elem.is_nested
+                              or elem.layout is not torch.strided or elem.is_conj() or elem.is_neg()
+                              or elem.is_quantized):
+        return _original_collate_tensor(batch, collate_fn_map=collate_fn_map)  # shared memory, as DataLoader's
     if elem.is_nested or elem.layout is not torch.strided:
         # torch's own checks and errors, with the worker info hidden for this
         # call only (thread-local: other threads are unaffected).
@@ -336,6 +342,8 @@ def _collate_tensor_without_shm(batch, *, collate_fn_map=None):
         # Views and types whose batch torch's own steps refuse: take them.
         storage = torch.TypedStorage(numel, dtype=elem.dtype, device=elem.device, _internal=True)
         out = elem.new(storage).resize_(len(batch), *list(elem.size()))
+    elif arena is not None:
+        out = arena.take((len(batch), *elem.shape), elem.dtype)
     else:  # the same tensor, made 10 us faster than through a TypedStorage
         # Not for a wrapper subclass (torch's TwoTensor): a worker process's
         # ``elem.new(storage)`` there makes a plain tensor of the wrong values

@@ -7,7 +7,8 @@ per 224x224 float image), and in one process many threads faulting and
 unmapping serialise on the kernel's address-space lock.
 
 Here each child keeps an arena (:class:`ChildArena`): shared-memory blocks,
-lent for batch buffers (``frame_collate``'s) exactly as
+lent for batch buffers (``frame_collate``'s, and ``default_collate``'s
+through :mod:`threadloader._torch_compat`) exactly as
 :class:`threadloader._pool.BufferPool` lends host memory. A block reaches the
 parent once, as torch shares any storage; the parent keeps it mapped
 (:class:`Mirror`), and afterwards a batch in it travels as its block's id.
@@ -19,6 +20,8 @@ gone too. Nothing is overwritten while anyone can still read it.
 
 Only plain CPU tensors whose memory is an arena block travel by id (the
 reducer checks); everything else goes through torch's reductions as before.
+Past :attr:`ChildArena.max_blocks` blocks in use (a training loop keeping its
+batches), new batches get fresh shared memory, as DataLoader's do.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ import numpy as np
 import torch
 
 from .. import _torch_compat
-from .._pool import BufferPool
+from .._pool import BufferPool, nbytes_of
 
 __all__ = ["ChildArena", "Mirror", "mirror_count"]
 
@@ -66,18 +69,37 @@ class ChildArena(BufferPool):
 
     Args:
         token: the parent's :class:`Mirror` for this child.
-        slack: most free blocks kept (the child's in-flight batches and then some).
+        batches: the child's batches in circulation (in flight, held by the
+            consumer, being pinned). The free blocks kept are that many times
+            the most arena tensors one result has held so far (a batch of
+            images and labels is two).
     """
 
-    def __init__(self, token: str, slack: int) -> None:
-        super().__init__(slack=slack, granule=GRANULE)
+    def __init__(self, token: str, batches: int) -> None:
+        super().__init__(slack=batches, granule=GRANULE)
         self.token = token
+        self._batches = batches
+        self._per_result = 1
+        #: Most blocks at once. Each holds a file descriptor here and one in the
+        #: parent: a training loop that keeps its batches gets fresh shared
+        #: memory past this, as from DataLoader's workers, whose descriptors
+        #: close once sent (the parent's limit, not the child's, runs out first).
+        self.max_blocks = 2 * batches + 8
         self._by_id: dict[int, _Block] = {}
         self._by_addr: dict[int, _Block] = {}
         self._ids = itertools.count()
         #: Ids of blocks this child let go of that the parent maps: it unmaps
         #: them when it reads them (with the next batch sent by id).
         self._forgotten: list[int] = []
+
+    def take(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """A batch buffer: an arena block, or fresh shared memory when :attr:`max_blocks` are all in use."""
+        nbytes = nbytes_of(shape, dtype)
+        capacity = self.capacity(nbytes)
+        with self._lock:
+            if len(self._by_id) < self.max_blocks or any(e[0] == capacity for e in self._free):
+                return super().take(shape, dtype)
+        return _torch_compat.new_shared_uint8((nbytes,)).view(dtype).view(shape)
 
     def _new_block(self, capacity: int) -> np.ndarray:
         tensor = _torch_compat.new_shared_uint8((capacity,))
@@ -107,12 +129,15 @@ class ChildArena(BufferPool):
         with self._lock:
             for i in ids:
                 block = self._by_id.get(i)
-                if block is None or block.parent_loans <= 0:  # pragma: no cover - a parent never frees twice
-                    continue
-                block.parent_loans -= 1
-                if block.parent_loans == 0 and block.parked:
-                    block.parked = False
-                    self._put_back(block.capacity, block.array)
+                if block is not None and block.parent_loans > 0:  # (a parent never frees twice)
+                    self._end_parent_loan(block)
+
+    def _end_parent_loan(self, block: _Block) -> None:
+        # Caller holds the lock.
+        block.parent_loans -= 1
+        if block.parent_loans == 0 and block.parked:
+            block.parked = False
+            self._put_back(block.capacity, block.array)
 
     def reduce(self, tensor: torch.Tensor) -> tuple[Any, tuple[Any, ...]] | None:
         """How ``tensor`` travels by block id, or None when it is not a batch in this arena.
@@ -146,10 +171,7 @@ class ChildArena(BufferPool):
                 if args[2] is not None:
                     block.sent = False
                 self._forgotten.extend(args[3])
-                block.parent_loans -= 1
-                if block.parent_loans == 0 and block.parked:
-                    block.parked = False
-                    self._put_back(block.capacity, block.array)
+                self._end_parent_loan(block)
 
     def dumps(self, obj: Any) -> bytes:
         """Pickle ``obj`` as ``ForkingPickler`` does, its batches in this arena by block id."""
@@ -160,6 +182,11 @@ class ChildArena(BufferPool):
         except BaseException:
             self.unsend(pickler.sent)
             raise
+        if len(pickler.sent) > self._per_result:
+            with self._lock:
+                self._per_result = max(self._per_result, len(pickler.sent))
+                self.slack = self._batches * self._per_result
+                self.max_blocks = 2 * self.slack + 8
         return buf.getvalue()
 
 

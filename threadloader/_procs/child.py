@@ -87,7 +87,7 @@ def child_main(
     parent_pid: int,
     death_signal: bool,
     arena_token: str,
-    arena_slack: int,
+    arena_batches: int,
 ) -> None:
     """Body of one worker process: run its worker threads until told to stop or orphaned."""
     # Ctrl-C is the parent's to handle. A handler that does nothing, not
@@ -105,7 +105,7 @@ def child_main(
         _set_parent_death_signal()
     if not _loader_alive(direct_parent):  # it died before the signal was set up
         return
-    arena = ChildArena(arena_token, arena_slack)
+    arena = ChildArena(arena_token, arena_batches)
     _context.mark_child_process(arena)
     torch.set_num_threads(1)  # as DataLoader's workers: no intra-op pool per process
     # Threads the workers start use the process's generators: seeded per

@@ -5,10 +5,11 @@ child processes started through ``torch.multiprocessing`` (the loader's
 ``multiprocessing_context`` when given, else torch's default start method).
 Worker ``w`` lives in process ``w % P``: tasks go to workers round robin (as in
 DataLoader), so consecutive tasks go to different processes. What a child runs
-is in :mod:`.child`; batches are collated in shared memory there
-(``default_collate`` and ``frame_collate`` do so when
-:func:`threadloader._context.batches_cross_processes` is True), so
-``torch.multiprocessing``'s queue sends only a handle to them (:mod:`.wire`).
+is in :mod:`.child`; ``default_collate`` and ``frame_collate`` build batches
+there in the child's arena of shared-memory blocks (:mod:`.arena`), which this
+process maps once per block (each child's :class:`~.arena.Mirror`): a batch
+travels as its block's id, and the ids of the blocks the consumer let go of go
+back with the child's next job (:mod:`.wire`).
 
 In the parent, one receiver thread per child reads that child's result queue,
 pins the batch when the loader pins (off the consumer thread), and forwards it
@@ -175,13 +176,13 @@ class ProcessPool:
                 with _start_lock:
                     child = _Child(self._ctx, p, list(range(p, num_workers, num_processes)))
                     self._children.append(child)
-                    # Free blocks kept: its batches in flight, the one the
-                    # consumer holds and the one being pinned.
-                    arena_slack = prefetch_factor * len(child.worker_ids) + 2
+                    # Its batches in circulation: in flight, the one the
+                    # consumer holds, the one being pinned (sizes its arena).
+                    arena_batches = prefetch_factor * len(child.worker_ids) + 2
                     child.process = self._ctx.Process(
                         target=child_main,
                         args=(child_cfg, child.worker_ids, child.jobs, child.results, self._counter_tensor,
-                              os.getpid(), death_signal, child.mirror.token, arena_slack),
+                              os.getpid(), death_signal, child.mirror.token, arena_batches),
                         name=f"threadloader-process-{p}",
                         daemon=True,
                     )
