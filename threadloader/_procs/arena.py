@@ -173,6 +173,20 @@ class ChildArena(BufferPool):
                 self._forgotten.extend(args[3])
                 self._end_parent_loan(block)
 
+    def close(self) -> None:
+        """Let every block go (as the child exits, after its threads stopped).
+
+        A child ends in ``os._exit``, where nothing is collected: under the
+        ``file_system`` sharing strategy a block still held then stays in
+        /dev/shm until the loader's process exits (its reference count in the
+        segment never drops), one arena's worth per epoch without
+        ``persistent_workers``. Blocks the parent still maps go when it lets go.
+        """
+        with self._lock:
+            self._drop(len(self._free))
+            self._by_id.clear()
+            self._by_addr.clear()
+
     def dumps(self, obj: Any) -> bytes:
         """Pickle ``obj`` as ``ForkingPickler`` does, its batches in this arena by block id."""
         buf = io.BytesIO()

@@ -139,3 +139,4 @@ def child_main(
         # Never wait to flush results nobody will read.
         results.cancel_join_thread()
         pool.stop()
+        arena.close()
