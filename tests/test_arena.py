@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from threadloader._procs.arena import ChildArena, Mirror, mirror_count
+from threadloader._procs.arena import ChildArena, Mirror, loads, mirror_count
 
 
 @pytest.fixture
@@ -34,9 +34,13 @@ def _batch(arena: ChildArena, value: int, n: int = 4) -> torch.Tensor:
     return t
 
 
+def _receive(data: bytes, refs):
+    return ForkingPickler.loads(data) if refs is None else loads(data, refs)
+
+
 def _send(arena: ChildArena, obj):
     """Child pickles, parent unpickles (the queue between them is left out)."""
-    return ForkingPickler.loads(arena.dumps(obj))
+    return _receive(*arena.dumps(obj))
 
 
 def _tell_child(arena: ChildArena, mirror: Mirror) -> None:
@@ -87,11 +91,68 @@ def test_a_block_is_lent_again_only_once_both_processes_let_go(ends):
 def test_a_block_travels_once_then_by_id(ends):
     arena, mirror = ends
     first = arena.dumps(_batch(arena, 1))
-    ForkingPickler.loads(first)
+    assert first[1][3] is not None  # the block's storage, pickled by torch
+    _receive(*first)
     _tell_child(arena, mirror)
     again = arena.dumps(_batch(arena, 2))  # the same block, which the parent maps already
-    assert len(again) < len(first)
-    assert torch.all(ForkingPickler.loads(again) == 2)
+    assert again[1][3] is None and again[1][1][0][0] == first[1][1][0][0]
+    assert torch.all(_receive(*again) == 2)
+
+
+def test_a_tensor_twice_in_a_result_arrives_as_one_tensor_twice(ends):
+    arena, mirror = ends
+    b = _batch(arena, 3)
+    got = _send(arena, {"a": b, "b": b, "c": [b]})
+    assert got["a"] is got["b"] is got["c"][0] and torch.all(got["a"] == 3)
+
+
+def test_a_wider_dtype_view_of_an_odd_number_of_bytes_arrives_as_dataloaders(ends):
+    arena, mirror = ends
+    b = arena.take((3,), torch.int16)
+    b.copy_(torch.tensor([1, 2, 3], dtype=torch.int16))
+    view = b[:2].view(torch.int32)  # 4 of the storage's 6 bytes
+    got = _send(arena, view)
+    assert torch.equal(got, view) and got.tolist() == [2 << 16 | 1]
+
+
+class _FailsInParent:
+    """Pickles fine; its rebuild raises (as one needing a module only the child has)."""
+
+    def __reduce__(self):
+        return _refuse, ()
+
+
+def _refuse():
+    raise ImportError("no module named 'only_in_the_child'")
+
+
+def test_a_result_that_fails_to_unpickle_gives_its_blocks_back(ends):
+    arena, mirror = ends
+    b = _batch(arena, 4)
+    ptr = b.data_ptr()
+    with pytest.raises(ImportError):
+        _send(arena, (b, _FailsInParent()))
+    del b
+    _tell_child(arena, mirror)
+    assert _batch(arena, 5).data_ptr() == ptr  # its loan came back: reused
+
+
+def test_a_block_whose_storage_could_not_be_received_is_never_lent_again(ends):
+    arena, mirror = ends
+    b = _batch(arena, 6)
+    data, refs = arena.dumps(b)
+    again = arena.dumps(b)  # the same batch sent again (a cached one): by id, before the parent mapped it
+    with pytest.raises(Exception):
+        _receive(data, refs[:3] + (b"not a pickle",))  # e.g. no file descriptor left to receive it
+    with pytest.raises(RuntimeError, match="lost with an earlier result"):
+        _receive(*again)
+    del b, data, refs, again
+    _tell_child(arena, mirror)
+    assert list(arena._by_id) == []  # retired (its memory went with the batch)
+    fresh = _batch(arena, 7)
+    data, refs = arena.dumps(fresh)
+    assert refs[1][0][0] == 1 and refs[3] is not None  # a new block, sent with its storage
+    assert torch.all(_receive(data, refs) == 7) and list(mirror._blocks) == [1]
 
 
 def test_a_message_that_fails_to_pickle_gives_its_blocks_back(ends):
@@ -100,6 +161,7 @@ def test_a_message_that_fails_to_pickle_gives_its_blocks_back(ends):
     ptr = b.data_ptr()
     with pytest.raises((pickle.PicklingError, AttributeError, TypeError)):
         arena.dumps((b, lambda: None))
+    assert arena._by_id[0].parent_loans == 0 and not arena._by_id[0].sent
     del b
     gc.collect()
     again = _batch(arena, 6)
@@ -121,12 +183,12 @@ def test_blocks_the_child_drops_are_unmapped_by_the_parent(ends):
 
 def test_only_plain_tensors_in_the_arena_travel_by_id(ends):
     arena, mirror = ends
-    assert arena.reduce(torch.zeros(3)) is None  # not arena memory: torch's reduction
+    assert arena.reference(torch.zeros(3)) is None  # not arena memory: torch's reduction
     b = arena.take((4,), torch.float32)
-    assert arena.reduce(b.requires_grad_()) is None
+    assert arena.reference(b.requires_grad_()) is None
     c = arena.take((4,), torch.complex64)
     c.fill_(1 + 2j)
-    assert arena.reduce(c.conj()) is None
+    assert arena.reference(c.conj()) is None
     got = _send(arena, (torch.ones(3), c.conj()))  # still arrive, through torch's reduction
     # (which drops the conjugate bit, in DataLoader's workers too)
     assert torch.equal(got[0], torch.ones(3))
@@ -143,7 +205,7 @@ def test_a_closed_mirror_rebuilds_nothing_and_its_loans_keep_their_memory():
     assert mirror_count() == before
     assert torch.all(got == 9)
     with pytest.raises(RuntimeError, match="loader that has stopped"):
-        ForkingPickler.loads(data)
+        _receive(*data)
 
 
 def test_past_max_blocks_held_batches_get_fresh_shared_memory(ends):
@@ -154,7 +216,7 @@ def test_past_max_blocks_held_batches_get_fresh_shared_memory(ends):
     held = [_send(arena, _batch(arena, i % 200)) for i in range(arena.max_blocks)]
     assert len(mirror._blocks) == arena.max_blocks
     fresh = _batch(arena, 3)
-    assert fresh.is_shared() and arena.reduce(fresh) is None
+    assert fresh.is_shared() and arena.reference(fresh) is None
     got = _send(arena, fresh)
     assert torch.all(got == 3) and got.is_shared()
     assert all(torch.all(h == i % 200) for i, h in enumerate(held))
@@ -174,3 +236,14 @@ def test_free_blocks_kept_grow_with_the_tensors_a_result_holds(ends):
     del held
     _tell_child(arena, mirror)
     assert arena.stats()["free"] == 4  # (of 6) two batches' worth kept, not one's
+
+
+def test_a_batch_let_go_of_after_close_goes_quietly(ends, capfd):
+    arena, mirror = ends
+    kept = _batch(arena, 1)
+    _send(arena, _batch(arena, 2))
+    arena.close()
+    assert arena.stats()["free"] == 0
+    del kept  # its weak reference's callback finds no block: no "Exception ignored" on stderr
+    gc.collect()
+    assert "Exception ignored" not in capfd.readouterr().err

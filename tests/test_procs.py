@@ -1059,3 +1059,49 @@ def test_file_system_sharing_strategy_leaves_no_segment_of_an_ended_child_behind
                          timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+GC_IN_RECEIVER_CHILD = textwrap.dedent(
+    """
+    import gc, time
+    import torch
+    from torch.utils.data import Dataset, default_collate
+    from threadloader import ThreadDataLoader
+    from threadloader._procs.arena import mirror_count
+
+    class CollectOnArrival:  # unpickled in a receiver thread: a collection runs there
+        def __reduce__(self):
+            return gc.collect, ()
+
+    class Data(Dataset):
+        def __len__(self):
+            return 200
+        def __getitem__(self, i):
+            return torch.full((4096,), float(i))
+
+    def collate(samples):
+        return default_collate(samples), CollectOnArrival()
+
+    def mapped():
+        with open("/proc/self/maps") as maps:
+            return sum("/dev/shm/" in line for line in maps)
+
+    gc.disable()  # only the receivers' collections run
+    before = mapped()
+    it = iter(ThreadDataLoader(Data(), batch_size=4, num_workers=2, worker_processes=2, collate_fn=collate,
+                               multiprocessing_context="fork"))
+    it.cycle = it  # collected only by a collection: one in a receiver thread
+    next(it), next(it)
+    del it
+    time.sleep(3)
+    print(mirror_count(), mapped() - before)
+    """
+)
+
+
+def test_a_pool_stopped_from_its_receiver_thread_leaves_nothing_mapped():
+    # An iterator in a reference cycle is stopped by whichever thread's
+    # allocation runs the garbage collection: a receiver's skipped its mirror.
+    out = subprocess.run([sys.executable, "-c", GC_IN_RECEIVER_CHILD], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["0", "0"]

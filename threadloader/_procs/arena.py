@@ -18,8 +18,14 @@ gone, the block's id goes back to the child with its next job, and the
 child lends the block again only then, and only once its own references are
 gone too. Nothing is overwritten while anyone can still read it.
 
-Only plain CPU tensors whose memory is an arena block travel by id (the
-reducer checks); everything else goes through torch's reductions as before.
+A result is pickled with its arena tensors as references (pickle's persistent
+ids); how to rebuild them travels beside it as plain values, the storages of
+blocks the parent does not map yet in a pickle of their own. So whatever fails
+to unpickle in the parent, it knows which blocks the result held: their loans
+go back to the child, and a block it could not map is retired there.
+
+Only plain CPU tensors whose memory is an arena block travel by reference (the
+pickler checks); everything else goes through torch's reductions as before.
 Past :attr:`ChildArena.max_blocks` blocks in use (a training loop keeping its
 batches), new batches get fresh shared memory, as DataLoader's do.
 """
@@ -30,6 +36,7 @@ import collections
 import io
 import itertools
 import os
+import pickle
 import threading
 import weakref
 from dataclasses import dataclass
@@ -42,7 +49,7 @@ import torch
 from .. import _torch_compat
 from .._pool import BufferPool, nbytes_of
 
-__all__ = ["ChildArena", "Mirror", "mirror_count"]
+__all__ = ["ChildArena", "Mirror", "loads", "mirror_count"]
 
 #: Blocks are rounded up to this many bytes: batches of nearby sizes share them.
 GRANULE = 64 << 10
@@ -86,7 +93,7 @@ class ChildArena(BufferPool):
         #: close once sent (the parent's limit, not the child's, runs out first).
         self.max_blocks = 2 * batches + 8
         self._by_id: dict[int, _Block] = {}
-        self._by_addr: dict[int, _Block] = {}
+        self._by_addr: dict[int, _Block] = {}  # keyed by the block's address
         self._ids = itertools.count()
         #: Ids of blocks this child let go of that the parent maps: it unmaps
         #: them when it reads them (with the next batch sent by id).
@@ -108,42 +115,57 @@ class ChildArena(BufferPool):
         self._by_addr[tensor.data_ptr()] = block
         return block.array
 
-    def _state(self, array: np.ndarray) -> _Block:
-        return self._by_addr[array.__array_interface__["data"][0]]
-
     def _reusable(self, array: np.ndarray) -> bool:
-        block = self._state(array)
+        block = self._by_addr.get(array.__array_interface__["data"][0])
+        if block is None:  # retired, or let go of after close(): it goes with its last reference
+            return False
         if block.parent_loans:
             block.parked = True  # put back by parent_released
             return False
         return True
 
     def _forget(self, array: np.ndarray) -> None:
-        block = self._state(array)
-        del self._by_addr[array.__array_interface__["data"][0]], self._by_id[block.id]
+        block = self._by_addr.pop(array.__array_interface__["data"][0], None)
+        if block is None:
+            return
+        del self._by_id[block.id]
         if block.sent:
             self._forgotten.append(block.id)
 
     def parent_released(self, ids: tuple[int, ...]) -> None:
-        """The parent let go of one batch in each of these blocks (ids repeat for several)."""
+        """The parent let go of one batch in each of these blocks (ids repeat for several).
+
+        An id ``-1 - i`` is block ``i``'s batch that the parent could not
+        receive: the parent does not map that block, so it is never lent again.
+        """
         with self._lock:
             for i in ids:
-                block = self._by_id.get(i)
-                if block is not None and block.parent_loans > 0:  # (a parent never frees twice)
-                    self._end_parent_loan(block)
+                lost = i < 0
+                block = self._by_id.get(-1 - i if lost else i)
+                if block is None or block.parent_loans <= 0:  # (a parent never frees twice)
+                    continue
+                if lost:
+                    self._retire(block)
+                self._end_parent_loan(block)
 
     def _end_parent_loan(self, block: _Block) -> None:
         # Caller holds the lock.
         block.parent_loans -= 1
-        if block.parent_loans == 0 and block.parked:
+        if block.parent_loans == 0 and block.parked and block.id in self._by_id:
             block.parked = False
             self._put_back(block.capacity, block.array)
 
-    def reduce(self, tensor: torch.Tensor) -> tuple[Any, tuple[Any, ...]] | None:
-        """How ``tensor`` travels by block id, or None when it is not a batch in this arena.
+    def _retire(self, block: _Block) -> None:
+        # Caller holds the lock. Out of the arena: its memory goes with its
+        # last reference here (see _reusable).
+        del self._by_id[block.id], self._by_addr[block.storage.data_ptr()]
 
-        Counts a parent loan of its block (undone by :meth:`unsend` if the
-        message is not sent after all).
+    def reference(self, tensor: torch.Tensor) -> tuple[_Block, tuple[Any, ...], torch.UntypedStorage | None] | None:
+        """``tensor``'s block, how the parent rebuilds it, and the block's storage if the parent does not map it yet.
+
+        None when ``tensor`` is not a plain CPU tensor in this arena. Counts a
+        parent loan of the block (undone by :meth:`unsend` if the message is
+        not sent after all).
         """
         if (tensor.device.type != "cpu" or tensor.requires_grad or tensor.is_conj() or tensor.is_neg()
                 or tensor.layout != torch.strided):
@@ -156,21 +178,18 @@ class ChildArena(BufferPool):
             block.parent_loans += 1
             first = None if block.sent else block.storage
             block.sent = True
-            forget, self._forgotten = tuple(self._forgotten), []
-        args = (self.token, block.id, first, forget, storage.nbytes(), tensor.dtype,
-                tensor.storage_offset(), tuple(tensor.size()), tuple(tensor.stride()))
-        return _lend, args
+        meta = (block.id, storage.nbytes(), tensor.dtype, tensor.storage_offset(), tuple(tensor.size()),
+                tuple(tensor.stride()))
+        return block, meta, first
 
-    def unsend(self, reductions: list[tuple[Any, ...]]) -> None:
-        """Undo :meth:`reduce` for messages that failed to pickle (nothing of them reached the parent)."""
+    def unsend(self, refs: list[tuple[_Block, tuple[Any, ...], torch.UntypedStorage | None]],
+               forget: tuple[int, ...] = ()) -> None:
+        """Undo :meth:`reference` (and the taking of ``forget``) for a message that was not sent."""
         with self._lock:
-            for args in reductions:
-                block = self._by_id.get(args[1])
-                if block is None:  # pragma: no cover - a block the parent holds is never dropped
-                    continue
-                if args[2] is not None:
+            self._forgotten.extend(forget)
+            for block, _, first in refs:
+                if first is not None:
                     block.sent = False
-                self._forgotten.extend(args[3])
                 self._end_parent_loan(block)
 
     def close(self) -> None:
@@ -187,37 +206,68 @@ class ChildArena(BufferPool):
             self._by_id.clear()
             self._by_addr.clear()
 
-    def dumps(self, obj: Any) -> bytes:
-        """Pickle ``obj`` as ``ForkingPickler`` does, its batches in this arena by block id."""
+    def dumps(self, obj: Any) -> tuple[bytes, tuple[Any, ...] | None]:
+        """Pickle ``obj`` as ``ForkingPickler`` does, but its tensors in this arena as references.
+
+        Returns:
+            ``(data, arena)`` for :func:`loads`: ``arena`` is None when
+            ``obj`` holds no arena tensor (and no block is to be unmapped),
+            else ``(token, metas, forget, storages)``: how the parent
+            rebuilds each referenced tensor (plain values, which unpickle
+            whatever happens), the blocks it is to unmap, and the pickled
+            storages of the blocks it does not map yet (None if none).
+        """
         buf = io.BytesIO()
         pickler = _ArenaPickler(buf, self)
+        with self._lock:
+            forget, self._forgotten = tuple(self._forgotten), []
         try:
             pickler.dump(obj)
+            refs = pickler.refs
+            firsts = tuple(first for _, _, first in refs)
+            storages = _dumps(firsts) if any(f is not None for f in firsts) else None
         except BaseException:
-            self.unsend(pickler.sent)
+            self.unsend(pickler.refs, forget)
             raise
-        if len(pickler.sent) > self._per_result:
+        if len(refs) > self._per_result:
             with self._lock:
-                self._per_result = max(self._per_result, len(pickler.sent))
+                self._per_result = max(self._per_result, len(refs))
                 self.slack = self._batches * self._per_result
                 self.max_blocks = 2 * self.slack + 8
-        return buf.getvalue()
+        if not refs and not forget:
+            return buf.getvalue(), None
+        return buf.getvalue(), (self.token, tuple(meta for _, meta, _ in refs), forget, storages)
+
+
+def _dumps(obj: Any) -> bytes:
+    buf = io.BytesIO()
+    ForkingPickler(buf).dump(obj)  # torch's reductions: storages travel as shared-memory handles
+    return buf.getvalue()
 
 
 class _ArenaPickler(ForkingPickler):
+    """``ForkingPickler`` that pickles the arena's tensors as persistent ids (indices into :attr:`refs`)."""
+
     def __init__(self, file: Any, arena: ChildArena) -> None:
         super().__init__(file)
         self._arena = arena
-        self.sent: list[tuple[Any, ...]] = []
+        self.refs: list[tuple[_Block, tuple[Any, ...], torch.UntypedStorage | None]] = []
+        # id(tensor) -> its index: a tensor twice in one result arrives as one
+        # tensor twice, as pickle's memo makes it for any other object.
+        self._index: dict[int, int] = {}
 
-    def reducer_override(self, obj: Any) -> Any:
+    def persistent_id(self, obj: Any) -> int | None:
         # Exactly torch.Tensor: subclasses and Parameters keep torch's reduction.
-        if type(obj) is torch.Tensor:
-            reduced = self._arena.reduce(obj)
-            if reduced is not None:
-                self.sent.append(reduced[1])
-                return reduced
-        return NotImplemented
+        if type(obj) is not torch.Tensor:
+            return None
+        index = self._index.get(id(obj))
+        if index is None:
+            ref = self._arena.reference(obj)
+            if ref is None:
+                return None
+            index = self._index[id(obj)] = len(self.refs)
+            self.refs.append(ref)
+        return index
 
 
 # --- the parent's side --------------------------------------------------------
@@ -236,13 +286,13 @@ def mirror_count() -> int:
 class Mirror:
     """The parent's mapping of one child's arena, and the loans of its blocks to the consumer.
 
-    Open from before the child starts until :meth:`close` (after the child's
-    receiver has stopped): results arriving from it are rebuilt here.
+    Open from before the child starts until :meth:`close` (as the pool
+    stops): results arriving from it are rebuilt here.
     """
 
     def __init__(self) -> None:
         self.token = f"{os.getpid()}-{next(_tokens)}"
-        # Reentrant: a loan's callback can run in lend() itself (a garbage
+        # Reentrant: a loan's callback can run in _lend() itself (a garbage
         # collection there frees an older batch).
         self._lock = threading.RLock()
         self._blocks: dict[int, np.ndarray] = {}
@@ -253,20 +303,52 @@ class Mirror:
         with _mirrors_lock:
             _mirrors[self.token] = self
 
-    def lend(self, block_id: int, storage: torch.UntypedStorage | None, forget: tuple[int, ...], nbytes: int,
-             dtype: torch.dtype, offset: int, size: tuple[int, ...], stride: tuple[int, ...]) -> torch.Tensor:
-        """The tensor a child sent in block ``block_id`` (its storage when sent for the first time)."""
+    def load(self, data: bytes, metas: tuple[tuple[Any, ...], ...], forget: tuple[int, ...],
+             storages: bytes | None) -> Any:
+        """Unpickle a result pickled by :meth:`ChildArena.dumps`.
+
+        Whatever fails, every block the result references goes back to the
+        child: as released once the tensors made here are gone, or as lost
+        (never to be lent again) when this process could not map it.
+        """
         with self._lock:
             for i in forget:
                 self._blocks.pop(i, None)
-            if storage is not None:
-                self._blocks[block_id] = torch.empty(0, dtype=torch.uint8).set_(storage).numpy()
-            # As BufferPool: a fresh memoryview per loan, watched by a weak
-            # reference; every array and tensor made from the loan keeps it.
-            lent = np.frombuffer(memoryview(self._blocks[block_id])[:nbytes], dtype=np.uint8)
-            ref = weakref.ref(lent.base, self._give_back)
-            self._loans[id(ref)] = (ref, block_id)
-        return torch.from_numpy(lent).view(dtype).as_strided(size, stride, offset)
+        try:
+            firsts = ForkingPickler.loads(storages) if storages is not None else (None,) * len(metas)
+        except BaseException:
+            self._lost([meta[0] for meta in metas])
+            raise
+        with self._lock:
+            for meta, storage in zip(metas, firsts):
+                if storage is not None:
+                    self._blocks[meta[0]] = torch.empty(0, dtype=torch.uint8).set_(storage).numpy()
+            unknown = [meta[0] for meta in metas if meta[0] not in self._blocks]
+            if unknown:  # its storage was in a result this process could not receive
+                self._lost(unknown)
+                self._released.extend(meta[0] for meta in metas if meta[0] not in unknown)
+                raise RuntimeError("a batch buffer of this worker process was lost with an earlier result "
+                                   "that could not be received")
+            tensors = [self._lend(*meta) for meta in metas]
+        return _ArenaUnpickler(io.BytesIO(data), tensors).load()
+
+    def _lend(self, block_id: int, nbytes: int, dtype: torch.dtype, offset: int, size: tuple[int, ...],
+              stride: tuple[int, ...]) -> torch.Tensor:
+        # Caller holds the lock. As BufferPool: a fresh memoryview per loan,
+        # watched by a weak reference; every array and tensor made from the
+        # loan keeps it.
+        lent = np.frombuffer(memoryview(self._blocks[block_id])[:nbytes], dtype=np.uint8)
+        ref = weakref.ref(lent.base, self._give_back)
+        self._loans[id(ref)] = (ref, block_id)
+        # set_ on the bytes, not view(dtype): a view of an odd number of bytes
+        # as a wider dtype (int16 batch, int32 view) travels as DataLoader's does.
+        return torch.empty(0, dtype=dtype).set_(torch.from_numpy(lent).untyped_storage(), offset, size, stride)
+
+    def _lost(self, ids: list[int]) -> None:
+        with self._lock:
+            for i in ids:
+                self._blocks.pop(i, None)
+                self._released.append(-1 - i)
 
     def _give_back(self, ref: weakref.ref) -> None:
         with self._lock:
@@ -275,7 +357,7 @@ class Mirror:
                 self._released.append(entry[1])
 
     def take_released(self) -> tuple[int, ...]:
-        """Ids of the blocks let go of since the last call, for the child (one per batch)."""
+        """What to tell the child (see :meth:`ChildArena.parent_released`): one id per batch let go of."""
         with self._lock:
             ids = tuple(self._released)
             self._released.clear()
@@ -290,10 +372,25 @@ class Mirror:
             self._released.clear()
 
 
-def _lend(token: str, *args: Any) -> torch.Tensor:
-    """Unpickle a batch sent by block id (in the parent)."""
+class _ArenaUnpickler(pickle.Unpickler):
+    def __init__(self, file: Any, tensors: list[torch.Tensor]) -> None:
+        super().__init__(file)
+        self._tensors = tensors
+
+    def persistent_load(self, pid: Any) -> torch.Tensor:
+        return self._tensors[pid]
+
+
+def loads(data: bytes, arena: tuple[Any, ...]) -> Any:
+    """Unpickle (in the parent) a result a child pickled with :meth:`ChildArena.dumps`.
+
+    Raises:
+        RuntimeError: its loader's pool has stopped, or a block it references was lost.
+        Exception: whatever unpickling the result raises.
+    """
+    token, metas, forget, storages = arena
     with _mirrors_lock:
         mirror = _mirrors.get(token)
     if mirror is None:
         raise RuntimeError("a batch arrived from a worker process of a loader that has stopped")
-    return mirror.lend(*args)
+    return mirror.load(data, metas, forget, storages)

@@ -296,6 +296,9 @@ class ProcessPool:
         current = threading.current_thread()
         receivers_deadline = time.monotonic() + JOIN_BUDGET_S + POLL_S  # one wait for them all
         for child in self._children:
+            # Whatever its receiver does: a result it still unpickles now fails
+            # (the pool is stopping: nobody reads it), and nothing stays mapped.
+            child.mirror.close()
             if child.receiver is current:  # stopped from its own receiver (GC there): it exits next
                 continue
             if child.receiver is not None:
@@ -307,7 +310,6 @@ class ProcessPool:
                 if child.receiver.is_alive():
                     continue
             child.close_writing_end()  # a child that failed to start still had it
-            child.mirror.close()  # its receiver is done: no more batches to rebuild
             for q in (child.jobs, child.results):
                 q.cancel_join_thread()
                 q.close()

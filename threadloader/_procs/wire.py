@@ -24,6 +24,7 @@ from typing import Any
 from .. import _context
 from .._torch_compat import ExceptionWrapper
 from .._engine.worker_loop import _DATA, _DIED
+from .arena import loads as arena_loads
 
 __all__ = ["NEW_EPOCH", "TOO_MANY_OPEN_FILES", "Death", "Parcel", "ParcelQueue", "ReceiveError",
            "WorkerExitStandIn", "out_of_fds"]
@@ -51,14 +52,15 @@ class Parcel:
         self.payload = payload
         self.worker_id = worker_id
 
-    def __reduce__(self) -> tuple[Any, tuple[bytes, int]]:
+    def __reduce__(self) -> tuple[Any, tuple[bytes, int, Any]]:
         # Runs in the queue's feeder thread, where the message is pickled.
+        arena = _context.child_arena()
         try:
-            data = _dumps(self.payload)
+            data, refs = arena.dumps(self.payload) if arena is not None else (_dumps(self.payload), None)
         except Exception:  # noqa: BLE001 - unpicklable result: its task fails instead of never arriving
             where = f"in DataLoader worker thread {self.worker_id} (sending its result from process {os.getpid()})"
-            data = _dumps(ExceptionWrapper(where=where))
-        return _unparcel, (data, os.getpid())
+            data, refs = _dumps(ExceptionWrapper(where=where)), None
+        return _unparcel, (data, os.getpid(), refs)
 
 
 class WorkerExitStandIn(BaseException):
@@ -114,18 +116,20 @@ def _undeath(data: bytes, text: str) -> BaseException:
 
 
 def _dumps(obj: Any) -> bytes:
-    arena = _context.child_arena()
-    if arena is not None:
-        return arena.dumps(obj)
     buf = io.BytesIO()
     ForkingPickler(buf).dump(obj)  # torch's reductions: tensors travel as shared-memory handles
     return buf.getvalue()
 
 
-def _unparcel(data: bytes, pid: int) -> Any:
-    """Unpickle a :class:`Parcel` (in the parent); a failure becomes the task's error."""
+def _unparcel(data: bytes, pid: int, refs: Any = None) -> Any:
+    """Unpickle a :class:`Parcel` (in the parent); a failure becomes the task's error.
+
+    Args:
+        refs: how to rebuild the tensors in the child's arena the payload
+            references (see :func:`.arena.loads`), or None.
+    """
     try:
-        return ForkingPickler.loads(data)
+        return arena_loads(data, refs) if refs is not None else ForkingPickler.loads(data)
     except Exception as exc:  # noqa: BLE001 - raised to the consumer for this task
         return ReceiveError(exc, pid)
 
