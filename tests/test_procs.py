@@ -1023,9 +1023,8 @@ def test_a_stopped_pool_leaves_no_mirror_and_its_batches_stay_readable():
 
 FILE_SYSTEM_STRATEGY_CHILD = textwrap.dedent(
     """
-    import gc, os, time
+    import gc, os, sys, time
     import numpy as np, torch
-    torch.multiprocessing.set_sharing_strategy("file_system")
     from torch.utils.data import Dataset
     from threadloader import Frame, ThreadDataLoader, frame_collate
 
@@ -1038,25 +1037,30 @@ FILE_SYSTEM_STRATEGY_CHILD = textwrap.dedent(
     def named():  # file_system segments are named torch_<creator pid>_...
         return {n for n in os.listdir("/dev/shm") if n.startswith("torch_")}
 
-    before = named()
-    loader = ThreadDataLoader(Frames(), batch_size=4, num_workers=2, worker_processes=2,
-                              collate_fn=frame_collate, multiprocessing_context="fork")
-    for epoch in range(3):
-        assert [int(y.sum()) for _, y in loader] == [sum(range(k, k + 4)) for k in range(0, 32, 4)]
-    gc.collect()
-    deadline = time.monotonic() + 5
-    while named() - before and time.monotonic() < deadline:
-        time.sleep(0.05)
-    print(sorted(named() - before))
+    if __name__ == "__main__":
+        torch.multiprocessing.set_sharing_strategy("file_system")
+        before = named()
+        loader = ThreadDataLoader(Frames(), batch_size=4, num_workers=2, worker_processes=2,
+                                  collate_fn=frame_collate, multiprocessing_context=sys.argv[1])
+        for epoch in range(3):
+            assert [int(y.sum()) for _, y in loader] == [sum(range(k, k + 4)) for k in range(0, 32, 4)]
+        gc.collect()
+        deadline = time.monotonic() + 5
+        while named() - before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        print(sorted(named() - before))
     """
 )
 
 
-def test_file_system_sharing_strategy_leaves_no_segment_of_an_ended_child_behind():
-    # Children end in os._exit: an arena block still referenced there kept its
-    # segment in /dev/shm until the loader's process exited, one arena per epoch.
-    out = subprocess.run([sys.executable, "-c", FILE_SYSTEM_STRATEGY_CHILD], capture_output=True, text=True,
-                         timeout=120)
+@pytest.mark.parametrize("context", [FORK, "spawn"])
+def test_file_system_sharing_strategy_leaves_no_segment_of_an_ended_child_behind(context, tmp_path):
+    # Children end in os._exit: an arena block, or the counters they were
+    # started with, still mapped there kept its segment in /dev/shm until the
+    # loader's process exited (an arena's worth per epoch).
+    script = tmp_path / "file_system.py"  # a file: spawned children import the dataset's class from it
+    script.write_text(FILE_SYSTEM_STRATEGY_CHILD)
+    out = subprocess.run([sys.executable, str(script), context], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[]"
 

@@ -114,7 +114,8 @@ def child_main(
     worker.seed_process(cfg.base_seed, worker_ids[0])
     cfg = dataclasses.replace(cfg, owns_process=len(worker_ids) == 1)
     array = counters.numpy()
-    pool = ThreadPool(cfg, worker_ids, ParcelQueue(results), {w: ArrayCounters(array, w) for w in worker_ids})
+    rows = {w: ArrayCounters(array, w) for w in worker_ids}
+    pool = ThreadPool(cfg, worker_ids, ParcelQueue(results), rows)
     try:
         while True:
             # This process's CPU time, for the parent's GIL check (stats): fresh
@@ -139,4 +140,11 @@ def child_main(
         # Never wait to flush results nobody will read.
         results.cancel_join_thread()
         pool.stop()
+        # The process ends in os._exit, where nothing is collected: under the
+        # file_system sharing strategy a segment still mapped then stays in
+        # /dev/shm until the loader's process exits. Let go of both.
         arena.close()
+        for row in rows.values():
+            row.detach()
+        del array
+        counters.set_()  # the Process object's arguments hold this tensor (spawn, forkserver)
