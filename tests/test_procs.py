@@ -1098,6 +1098,7 @@ GC_IN_RECEIVER_CHILD = textwrap.dedent(
     next(it), next(it)
     del it
     time.sleep(3)
+    gc.collect()  # (a free-threaded build frees what other threads let go of at a collection)
     print(mirror_count(), mapped() - before)
     """
 )

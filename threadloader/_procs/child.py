@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import gc
 import multiprocessing
 import os
 import queue
@@ -29,6 +30,7 @@ import torch
 from .. import _context, worker
 from .._engine.pool import ThreadPool
 from .._engine.worker_loop import _Config
+from .._interpreter import FREE_THREADED_BUILD
 from .._torch_compat import set_worker_signal_handlers
 from ..stats import process_cpu_seconds
 from .arena import ChildArena
@@ -148,3 +150,10 @@ def child_main(
             row.detach()
         del array
         counters.set_()  # the Process object's arguments hold this tensor (spawn, forkserver)
+        # On a free-threaded build an object another thread let go of may be
+        # freed only at a collection (biased reference counting, see
+        # _interpreter): there the blocks above stayed in /dev/shm without
+        # one. Only then: a collection touches every object, and in a forked
+        # child that copies the pages it shares with the loader's process.
+        if FREE_THREADED_BUILD and torch.multiprocessing.get_sharing_strategy() == "file_system":
+            gc.collect()
