@@ -123,9 +123,11 @@ def test_resize_kernel_matches_interpolate():
     assert torch.equal(out.permute(0, 3, 1, 2), ref)
 
 
-def test_new_shared_uint8():
-    t = compat.new_shared_uint8((2, 3, 4))
+def test_new_shared():
+    t = compat.new_shared((2, 3, 4))
     assert t.shape == (2, 3, 4) and t.dtype == torch.uint8 and t.is_shared()
+    f = compat.new_shared((2, 3), torch.float64)
+    assert f.shape == (2, 3) and f.dtype == torch.float64 and f.is_shared() and f.is_contiguous()
 
 
 def test_collate_walker_is_torchs():

@@ -37,7 +37,6 @@ def set_collating(pin: bool) -> None:
 
 # Set once in a threadloader worker process (worker_processes > 0), never
 # cleared: the whole process serves one loader.
-_child_process = False
 _arena: Any = None
 
 
@@ -51,7 +50,7 @@ def batches_cross_processes() -> bool:
         False elsewhere (worker threads of the consumer's process share its
         memory).
     """
-    return _child_process
+    return _arena is not None
 
 
 def child_arena() -> Any:
@@ -66,6 +65,5 @@ def mark_child_process(arena: Any) -> None:
         arena: its ``threadloader._procs.arena.ChildArena``, where batches
             for the loader's process are built.
     """
-    global _child_process, _arena
-    _child_process = True
+    global _arena
     _arena = arena

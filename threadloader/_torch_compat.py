@@ -34,6 +34,7 @@ from torch._utils import ExceptionWrapper
 
 from . import _context
 from ._fork import renew_after_fork
+from ._pool import nbytes_of
 from torch.utils.data import dataloader as _dl
 from torch.utils.data._utils import collate as _collate
 from torch.utils.data._utils import pin_memory as _pin
@@ -279,13 +280,10 @@ def _interpolate_into(src: torch.Tensor, size: Any, align_corners: bool, *, out:
 resize_op: Callable[..., Any] = getattr(torch._C._nn, "_upsample_bilinear2d_aa", None) or _interpolate_into
 
 
-def new_shared_uint8(shape: tuple[int, ...]) -> torch.Tensor:
-    """An uninitialised uint8 tensor in shared memory (what default_collate uses in worker processes)."""
-    numel = 1
-    for dim in shape:
-        numel *= dim
-    storage = torch.UntypedStorage._new_shared(numel)
-    return torch.empty(0, dtype=torch.uint8).set_(storage).view(shape)
+def new_shared(shape: tuple[int, ...], dtype: torch.dtype = torch.uint8) -> torch.Tensor:
+    """An uninitialised contiguous tensor in shared memory (what default_collate uses in worker processes)."""
+    storage = torch.UntypedStorage._new_shared(nbytes_of(shape, dtype))
+    return torch.empty(0, dtype=torch.uint8).set_(storage).view(dtype).view(shape)
 
 
 #: torch's collate walker and its default type map (default_collate's own).

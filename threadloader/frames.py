@@ -27,7 +27,7 @@ from . import _torch_compat
 from ._fork import renew_after_fork
 from . import _context
 from ._context import pin_memory_requested
-from ._pool import host_pool, nbytes_of
+from ._pool import host_pool
 from ._rng import routing_suspended
 
 __all__ = ["Frame", "frame_collate"]
@@ -178,7 +178,7 @@ def _batch_buffer(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         # default_collate does, so sending it to the main process copies
         # nothing. Not pooled: the main process keeps using it after this
         # one lets go.
-        return _torch_compat.new_shared_uint8((nbytes_of(shape, dtype),)).view(dtype).view(shape)
+        return _torch_compat.new_shared(shape, dtype)
     return host_pool.take(shape, dtype)
 
 

@@ -49,7 +49,7 @@ import torch
 from .. import _torch_compat
 from .._pool import BufferPool, nbytes_of
 
-__all__ = ["ChildArena", "Mirror", "loads", "mirror_count"]
+__all__ = ["ChildArena", "Mirror", "forking_dumps", "loads", "mirror_count"]
 
 #: Blocks are rounded up to this many bytes: batches of nearby sizes share them.
 GRANULE = 64 << 10
@@ -87,11 +87,6 @@ class ChildArena(BufferPool):
         self.token = token
         self._batches = batches
         self._per_result = 1
-        #: Most blocks at once. Each holds a file descriptor here and one in the
-        #: parent: a training loop that keeps its batches gets fresh shared
-        #: memory past this, as from DataLoader's workers, whose descriptors
-        #: close once sent (the parent's limit, not the child's, runs out first).
-        self.max_blocks = 2 * batches + 8
         self._by_id: dict[int, _Block] = {}
         self._by_addr: dict[int, _Block] = {}  # keyed by the block's address
         self._ids = itertools.count()
@@ -99,17 +94,24 @@ class ChildArena(BufferPool):
         #: them when it reads them (with the next batch sent by id).
         self._forgotten: list[int] = []
 
+    @property
+    def max_blocks(self) -> int:
+        """Most blocks at once. Each holds a file descriptor here and one in the
+        parent: a training loop that keeps its batches gets fresh shared memory
+        past this, as from DataLoader's workers, whose descriptors close once
+        sent (the parent's limit, not the child's, runs out first)."""
+        return 2 * self.slack + 8
+
     def take(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """A batch buffer: an arena block, or fresh shared memory when :attr:`max_blocks` are all in use."""
-        nbytes = nbytes_of(shape, dtype)
-        capacity = self.capacity(nbytes)
+        capacity = self.capacity(nbytes_of(shape, dtype))
         with self._lock:
             if len(self._by_id) < self.max_blocks or any(e[0] == capacity for e in self._free):
                 return super().take(shape, dtype)
-        return _torch_compat.new_shared_uint8((nbytes,)).view(dtype).view(shape)
+        return _torch_compat.new_shared(shape, dtype)
 
     def _new_block(self, capacity: int) -> np.ndarray:
-        tensor = _torch_compat.new_shared_uint8((capacity,))
+        tensor = _torch_compat.new_shared((capacity,))
         block = _Block(next(self._ids), tensor.untyped_storage(), tensor.numpy(), capacity)
         self._by_id[block.id] = block
         self._by_addr[tensor.data_ptr()] = block
@@ -225,7 +227,7 @@ class ChildArena(BufferPool):
             pickler.dump(obj)
             refs = pickler.refs
             firsts = tuple(first for _, _, first in refs)
-            storages = _dumps(firsts) if any(f is not None for f in firsts) else None
+            storages = forking_dumps(firsts) if any(f is not None for f in firsts) else None
         except BaseException:
             self.unsend(pickler.refs, forget)
             raise
@@ -233,15 +235,15 @@ class ChildArena(BufferPool):
             with self._lock:
                 self._per_result = max(self._per_result, len(refs))
                 self.slack = self._batches * self._per_result
-                self.max_blocks = 2 * self.slack + 8
         if not refs and not forget:
             return buf.getvalue(), None
         return buf.getvalue(), (self.token, tuple(meta for _, meta, _ in refs), forget, storages)
 
 
-def _dumps(obj: Any) -> bytes:
+def forking_dumps(obj: Any) -> bytes:
+    """``obj`` pickled by ``ForkingPickler``: torch's reductions, tensors and storages as shared-memory handles."""
     buf = io.BytesIO()
-    ForkingPickler(buf).dump(obj)  # torch's reductions: storages travel as shared-memory handles
+    ForkingPickler(buf).dump(obj)
     return buf.getvalue()
 
 

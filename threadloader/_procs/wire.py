@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import io
 import os
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
@@ -24,6 +23,7 @@ from typing import Any
 from .. import _context
 from .._torch_compat import ExceptionWrapper
 from .._engine.worker_loop import _DATA, _DIED
+from .arena import forking_dumps as _dumps
 from .arena import loads as arena_loads
 
 __all__ = ["NEW_EPOCH", "TOO_MANY_OPEN_FILES", "Death", "Parcel", "ParcelQueue", "ReceiveError",
@@ -113,12 +113,6 @@ def _undeath(data: bytes, text: str) -> BaseException:
     except Exception:  # noqa: BLE001 - e.g. a required __init__ argument
         return WorkerExitStandIn(text)
     return exc if isinstance(exc, BaseException) else WorkerExitStandIn(text)
-
-
-def _dumps(obj: Any) -> bytes:
-    buf = io.BytesIO()
-    ForkingPickler(buf).dump(obj)  # torch's reductions: tensors travel as shared-memory handles
-    return buf.getvalue()
 
 
 def _unparcel(data: bytes, pid: int, refs: Any = None) -> Any:
