@@ -1097,8 +1097,12 @@ GC_IN_RECEIVER_CHILD = textwrap.dedent(
     it.cycle = it  # collected only by a collection: one in a receiver thread
     next(it), next(it)
     del it
-    time.sleep(3)
-    gc.collect()  # (a free-threaded build frees what other threads let go of at a collection)
+    deadline = time.monotonic() + 5
+    while True:
+        time.sleep(0.1)
+        gc.collect()  # (a free-threaded build frees what other threads let go of at a collection)
+        if (mirror_count(), mapped() - before) == (0, 0) or time.monotonic() > deadline:
+            break
     print(mirror_count(), mapped() - before)
     """
 )
