@@ -189,10 +189,40 @@ def test_only_plain_tensors_in_the_arena_travel_by_id(ends):
     c = arena.take((4,), torch.complex64)
     c.fill_(1 + 2j)
     assert arena.reference(c.conj()) is None
-    got = _send(arena, (torch.ones(3), c.conj()))  # still arrive, through torch's reduction
-    # (which drops the conjugate bit, in DataLoader's workers too)
+    got = _send(arena, (torch.ones(3), c.conj()))  # still arrive (a copy in a block; torch's reduction,
+    # which drops the conjugate bit, in DataLoader's workers too)
     assert torch.equal(got[0], torch.ones(3))
     assert torch.equal(got[1], ForkingPickler.loads(ForkingPickler.dumps(c.conj())))
+
+
+def test_a_tensor_of_its_own_travels_as_a_copy_in_a_block_and_tensors_sharing_memory_still_share_it(ends):
+    # Labels, samples made in __getitem__: torch's reduction would copy each
+    # into a fresh shared-memory segment and pass its descriptor.
+    arena, mirror = ends
+    labels = torch.arange(4)
+    data, refs = arena.dumps({"y": labels, "grid": labels.view(2, 2)})
+    assert refs is not None and len({meta[0] for meta in refs[1]}) == 1  # one copy, in one block
+    got = _receive(data, refs)
+    assert got["y"].tolist() == [0, 1, 2, 3] and got["grid"].tolist() == [[0, 1], [2, 3]]
+    assert got["y"].data_ptr() == got["grid"].data_ptr()  # they share memory there too
+    labels.fill_(9)  # the child's tensor stays its own
+    assert got["y"].tolist() == [0, 1, 2, 3] and not labels.is_shared()
+    block = refs[1][0][0]
+    del got
+    _tell_child(arena, mirror)
+    data, again = arena.dumps(torch.tensor([5, 6]))
+    assert again[1][0][0] == block and again[3] is None  # its block, reused, by id
+    assert _receive(data, again).tolist() == [5, 6]
+
+
+def test_shared_tensors_and_views_of_larger_ones_keep_torchs_reduction(ends):
+    arena, mirror = ends
+    shared = torch.arange(6.0).share_memory_()  # no copy: the parent's tensor aliases it
+    big = torch.arange(100.0)  # copying it whole for a view of two values could cost far more
+    data, refs = arena.dumps((shared, big[10:12]))
+    assert refs is None
+    got = _receive(data, refs)
+    assert torch.equal(got[0], shared) and got[0].is_shared() and got[1].tolist() == [10.0, 11.0]
 
 
 def test_a_closed_mirror_rebuilds_nothing_and_its_loans_keep_their_memory():

@@ -484,6 +484,43 @@ def test_result_that_cannot_be_received_raises_its_error_and_the_iterator_goes_o
     assert list(it) == [2, 3, 4]
 
 
+_TRAVELS: list[tuple[str, str]] = []
+
+
+def _unpickled(i: int, pickled_by: str) -> int:
+    _TRAVELS.append((pickled_by, threading.current_thread().name))
+    return i
+
+
+class _SaysWhereItTravels:
+    def __init__(self, i: int) -> None:
+        self.i = i
+
+    def __reduce__(self):
+        return _unpickled, (self.i, threading.current_thread().name)
+
+
+class _Travellers(Dataset):
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, i: int):
+        return _SaysWhereItTravels(i)
+
+
+def test_results_are_pickled_by_their_worker_thread_and_unpickled_by_the_thread_that_takes_them():
+    # On a free-threaded build an object is freed by the thread that made it:
+    # a batch a worker thread made and the queue's feeder thread let go of
+    # (in the child), or a receiver made and the loop let go of (here),
+    # stayed until that thread ran again, and so did its arena block (CI's 3.13t run).
+    _TRAVELS.clear()
+    loader = ThreadDataLoader(_Travellers(), batch_size=None, num_workers=2, worker_processes=2,
+                              multiprocessing_context=FORK)
+    assert list(loader) == list(range(6))
+    assert {pickled_by for pickled_by, _ in _TRAVELS} <= {"threadloader-worker-0", "threadloader-worker-1"}
+    assert [unpickled_by for _, unpickled_by in _TRAVELS] == [threading.current_thread().name] * 6
+
+
 def _local_function(i: int):
     return lambda: i  # cannot be pickled
 
@@ -995,15 +1032,16 @@ def test_frame_batches_from_processes_reuse_their_buffers_and_never_overwrite_a_
     for _ in range(3):
         for k, (images, labels) in enumerate(loader):
             assert torch.equal(images, expected[k][0]) and images.stride() == expected[k][0].stride()
-            assert torch.equal(labels, expected[k][1])
+            assert torch.equal(labels, expected[k][1]) and not labels.is_shared()  # a copy in the arena too
             if held is None:  # the first batch, a view and a NumPy array of it, kept to the end
                 held = (images, images[1:3], images.numpy()[0], expected[k][0].clone())
     images, view, arr, value = held
     assert torch.equal(images, value) and torch.equal(view, value[1:3]) and np.array_equal(arr, value.numpy()[0])
     # 48 batches, yet each child mapped only its in-flight working set (2 per
-    # worker thread, the consumer's, the one being pinned) and the held batch.
+    # worker thread, the consumer's, the one being pinned: images and labels
+    # each) and the held batch's images.
     blocks = [len(c.mirror._blocks) for c in loader._iterator._pool._children]
-    assert all(n <= 2 * 2 + 2 + 1 for n in blocks), blocks
+    assert all(n <= 2 * (2 * 2 + 2) + 1 for n in blocks), blocks
     del loader, held, images, view, arr
     gc.collect()
     assert mirror_count() == mirrors
@@ -1069,11 +1107,11 @@ GC_IN_RECEIVER_CHILD = textwrap.dedent(
     """
     import gc, time
     import torch
-    from torch.utils.data import Dataset, default_collate
+    from torch.utils.data import Dataset
     from threadloader import ThreadDataLoader
     from threadloader._procs.arena import mirror_count
 
-    class CollectOnArrival:  # unpickled in a receiver thread: a collection runs there
+    class Collecting(BaseException):  # ends its worker thread; unpickled by a receiver: a collection runs there
         def __reduce__(self):
             return gc.collect, ()
 
@@ -1081,28 +1119,29 @@ GC_IN_RECEIVER_CHILD = textwrap.dedent(
         def __len__(self):
             return 200
         def __getitem__(self, i):
+            if i == 8:  # the third batch: its worker thread dies once the iterator is garbage
+                time.sleep(1.0)
+                raise Collecting()
             return torch.full((4096,), float(i))
-
-    def collate(samples):
-        return default_collate(samples), CollectOnArrival()
 
     def mapped():
         with open("/proc/self/maps") as maps:
             return sum("/dev/shm/" in line for line in maps)
 
-    gc.disable()  # only the receivers' collections run
+    gc.disable()  # only the receiver's collection runs
     before = mapped()
-    it = iter(ThreadDataLoader(Data(), batch_size=4, num_workers=2, worker_processes=2, collate_fn=collate,
+    it = iter(ThreadDataLoader(Data(), batch_size=4, num_workers=2, worker_processes=2,
                                multiprocessing_context="fork"))
-    it.cycle = it  # collected only by a collection: one in a receiver thread
+    it.cycle = it  # collected only by a collection: the one in a receiver thread
     next(it), next(it)
     del it
+    time.sleep(3.0)
     deadline = time.monotonic() + 5
     while True:
-        time.sleep(0.1)
         gc.collect()  # (a free-threaded build frees what other threads let go of at a collection)
         if (mirror_count(), mapped() - before) == (0, 0) or time.monotonic() > deadline:
             break
+        time.sleep(0.1)
     print(mirror_count(), mapped() - before)
     """
 )

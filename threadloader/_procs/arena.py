@@ -24,8 +24,12 @@ blocks the parent does not map yet in a pickle of their own. So whatever fails
 to unpickle in the parent, it knows which blocks the result held: their loans
 go back to the child, and a block it could not map is retired there.
 
-Only plain CPU tensors whose memory is an arena block travel by reference (the
-pickler checks); everything else goes through torch's reductions as before.
+Only plain CPU tensors travel by reference (the pickler checks): those whose
+memory is an arena block, and those whose memory is all their own and not
+shared yet (labels, samples made in ``__getitem__``), copied into a block
+first, where torch's reduction would copy them into a fresh segment. The rest
+(shared memory, views of larger tensors, subclasses...) goes through torch's
+reductions as before.
 Past :attr:`ChildArena.max_blocks` blocks in use (a training loop keeping its
 batches), new batches get fresh shared memory, as DataLoader's do.
 """
@@ -104,11 +108,18 @@ class ChildArena(BufferPool):
 
     def take(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """A batch buffer: an arena block, or fresh shared memory when :attr:`max_blocks` are all in use."""
-        capacity = self.capacity(nbytes_of(shape, dtype))
+        lent = self._block_bytes(nbytes_of(shape, dtype))
+        if lent is None:
+            return _torch_compat.new_shared(shape, dtype)
+        return torch.from_numpy(lent).view(dtype).view(shape)
+
+    def _block_bytes(self, nbytes: int) -> np.ndarray | None:
+        """A loan of ``nbytes`` of a block (:meth:`take_bytes`), or None when :attr:`max_blocks` are all in use."""
+        capacity = self.capacity(nbytes)
         with self._lock:
             if len(self._by_id) < self.max_blocks or any(e[0] == capacity for e in self._free):
-                return super().take(shape, dtype)
-        return _torch_compat.new_shared(shape, dtype)
+                return self.take_bytes(nbytes)
+        return None
 
     def _new_block(self, capacity: int) -> np.ndarray:
         tensor = _torch_compat.new_shared((capacity,))
@@ -162,26 +173,51 @@ class ChildArena(BufferPool):
         # last reference here (see _reusable).
         del self._by_id[block.id], self._by_addr[block.storage.data_ptr()]
 
-    def reference(self, tensor: torch.Tensor) -> tuple[_Block, tuple[Any, ...], torch.UntypedStorage | None] | None:
+    def reference(self, tensor: torch.Tensor, copies: dict[int, _Block] | None = None,
+                  ) -> tuple[_Block, tuple[Any, ...], torch.UntypedStorage | None] | None:
         """``tensor``'s block, how the parent rebuilds it, and the block's storage if the parent does not map it yet.
 
-        None when ``tensor`` is not a plain CPU tensor in this arena. Counts a
-        parent loan of the block (undone by :meth:`unsend` if the message is
-        not sent after all).
+        A plain CPU tensor whose memory is not shared yet and is all its own
+        (a label tensor, a sample made in ``__getitem__``) is copied into a
+        block first: torch's reduction would copy it into a fresh
+        shared-memory segment and pass its descriptor to the parent. A
+        tensor over shared memory keeps torch's way (no copy, the parent's
+        tensor aliases it), and so does a view of a larger tensor (torch
+        moves that storage to shared memory once; copying it whole for every
+        result could cost far more).
+
+        Args:
+            copies: the blocks this storage (by address) was copied to in the
+                same result, so that tensors sharing memory still share it there.
+
+        Returns:
+            None when ``tensor`` travels by torch's reduction instead. Counts a
+            parent loan of the block (undone by :meth:`unsend` if the message
+            is not sent after all).
         """
         if (tensor.device.type != "cpu" or tensor.requires_grad or tensor.is_conj() or tensor.is_neg()
-                or tensor.layout != torch.strided):
+                or tensor.layout != torch.strided or tensor.is_quantized or tensor.is_nested):
             return None
         storage = tensor.untyped_storage()
+        nbytes, address = storage.nbytes(), storage.data_ptr()
+        copy = None
         with self._lock:
-            block = self._by_addr.get(storage.data_ptr())
-            if block is None or storage.nbytes() > block.capacity:
+            block = self._by_addr.get(address)
+            if block is None and copies is not None:
+                block = copies.get(address)
+                if (block is None and nbytes and tensor.numel() * tensor.element_size() == nbytes
+                        and not storage.is_shared()):
+                    copy = self._block_bytes(nbytes)
+                    if copy is not None:
+                        block = copies[address] = self._by_addr[copy.__array_interface__["data"][0]]
+            if block is None or nbytes > block.capacity:
                 return None
-            block.parent_loans += 1
+            block.parent_loans += 1  # before the copy's own loan can end
             first = None if block.sent else block.storage
             block.sent = True
-        meta = (block.id, storage.nbytes(), tensor.dtype, tensor.storage_offset(), tuple(tensor.size()),
-                tuple(tensor.stride()))
+        if copy is not None:
+            torch.from_numpy(copy).copy_(torch.empty(0, dtype=torch.uint8).set_(storage))
+        meta = (block.id, nbytes, tensor.dtype, tensor.storage_offset(), tuple(tensor.size()), tuple(tensor.stride()))
         return block, meta, first
 
     def unsend(self, refs: list[tuple[_Block, tuple[Any, ...], torch.UntypedStorage | None]],
@@ -257,6 +293,7 @@ class _ArenaPickler(ForkingPickler):
         # id(tensor) -> its index: a tensor twice in one result arrives as one
         # tensor twice, as pickle's memo makes it for any other object.
         self._index: dict[int, int] = {}
+        self._copies: dict[int, _Block] = {}  # see ChildArena.reference
 
     def persistent_id(self, obj: Any) -> int | None:
         # Exactly torch.Tensor: subclasses and Parameters keep torch's reduction.
@@ -264,7 +301,7 @@ class _ArenaPickler(ForkingPickler):
             return None
         index = self._index.get(id(obj))
         if index is None:
-            ref = self._arena.reference(obj)
+            ref = self._arena.reference(obj, self._copies)
             if ref is None:
                 return None
             index = self._index[id(obj)] = len(self.refs)

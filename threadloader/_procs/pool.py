@@ -13,8 +13,9 @@ back with the child's next job (:mod:`.wire`).
 
 In the parent, one receiver thread per child reads that child's result queue,
 pins the batch when the loader pins (off the consumer thread), and forwards it
-to the one result queue the consumer reads, so the consumer cannot tell threads
-from processes. A receiver also notices its child dying and tells the consumer,
+to the one result queue the consumer reads (:class:`_Inbox`, whose ``get``
+unpickles a payload the receiver did not: see :class:`~.wire.Parcel`), so the
+consumer cannot tell threads from processes. A receiver also notices its child dying and tells the consumer,
 which raises DataLoader's "exited unexpectedly" error instead of hanging.
 
 Children never outlive the parent: they are daemonic (multiprocessing
@@ -46,7 +47,7 @@ from .._torch_compat import ExceptionWrapper
 from .arena import Mirror
 from .child import POLL_S, child_main
 from .counters import COLUMNS, CPU, ArrayCounters
-from .wire import NEW_EPOCH, RELEASED, ReceiveError
+from .wire import NEW_EPOCH, RELEASED, Parcel, ReceiveError
 
 __all__ = ["ProcessPool", "check_worker_processes"]
 
@@ -133,6 +134,41 @@ class _Child:
             writer.close()
 
 
+class _Inbox:
+    """The pool's result queue, read by the consumer: ``get`` opens each :class:`~.wire.Parcel` payload there.
+
+    Args:
+        by_worker: each worker id's :class:`_Child` (the pool's own dict,
+            filled as its children start; not the pool: no reference cycle).
+    """
+
+    def __init__(self, by_worker: dict[int, "_Child"]) -> None:
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._by_worker = by_worker
+        self.put = self._queue.put
+        self.get_nowait = self._queue.get_nowait  # unopened: for draining a stopped pool
+
+    def get(self, block: bool = True, timeout: float | None = None) -> tuple[int, int, int, int, Any]:
+        """The next message, its payload opened (``queue.SimpleQueue.get``'s arguments and ``queue.Empty``)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            kind, gen, idx, worker_id, payload = self._queue.get(block, remaining)
+            if type(payload) is not Parcel:
+                return kind, gen, idx, worker_id, payload
+            opened = payload.open()
+            # As the receiver's check (_forward): a receive error from a worker
+            # that died is its death, which its receiver reports next.
+            dropped = isinstance(opened, ReceiveError) and _exited(self._by_worker[worker_id])
+            try:
+                if not dropped:
+                    return kind, gen, idx, worker_id, opened
+            finally:
+                # A receive error's traceback reaches this frame (f_back):
+                # holding it here would make a cycle, kept until a collection.
+                del opened
+
+
 class ProcessPool:
     """The pool interface of :class:`threadloader._engine.ThreadPool`, over child processes.
 
@@ -150,7 +186,8 @@ class ProcessPool:
         self._pin = cfg.pin
         self._pin_device = cfg.pin_device
         self._device_index = cfg.device_index
-        self.results: queue.SimpleQueue = queue.SimpleQueue()
+        self._by_worker: dict[int, _Child] = {}
+        self.results = _Inbox(self._by_worker)
         self.generation = 0
         self.stopping = False
         self._stopped = False
@@ -197,7 +234,7 @@ class ProcessPool:
         except BaseException:
             self.stop()
             raise
-        self._by_worker = {w: c for c in self._children for w in c.worker_ids}
+        self._by_worker.update((w, c) for c in self._children for w in c.worker_ids)
 
     @property
     def pids(self) -> list[int]:
@@ -376,6 +413,8 @@ def _receive_one(pool: ProcessPool, child: _Child, pid: int) -> bool:
 def _forward(pool: ProcessPool, child: _Child, pid: int, msg: tuple[int, int, int, int, Any]) -> bool:
     """Hand one received result to the consumer (pinned first when the loader pins). False: stop."""
     kind, gen, idx, worker_id, payload = msg
+    if pool._pin and type(payload) is Parcel:  # pinned here, so opened here
+        payload = payload.open()
     # As DataLoader: a receive error from a worker that died (its file
     # descriptors went with it) is that worker's death, not the task's.
     if isinstance(payload, ReceiveError) and _failed_if_died(pool, child, pid):
@@ -392,14 +431,18 @@ def _failed_if_died(pool: ProcessPool, child: _Child, pid: int, detail: str = ""
     Args:
         detail: appended to the crash message (what failed on the way).
     """
-    child.process.join(timeout=POLL_S)
-    exitcode = child.process.exitcode
-    if exitcode is None:
+    if not _exited(child):
         return False
     if not pool.stopping:
-        crash = _crash_message(pid, exitcode)
+        crash = _crash_message(pid, child.process.exitcode)
         pool.child_died(child, f"{crash.rstrip()} {detail}".strip() if detail else crash)
     return True
+
+
+def _exited(child: _Child) -> bool:
+    """Whether ``child`` has exited, waiting up to :data:`POLL_S` for it."""
+    child.process.join(timeout=POLL_S)
+    return child.process.exitcode is not None
 
 
 def _crash_message(pid: int, exitcode: int) -> str:

@@ -44,23 +44,43 @@ class Parcel:
     message around it still arrives, so the error belongs to its task and
     the channel stays usable, as in DataLoader, whose queue ``get`` raises the
     error while the worker goes on.
+
+    Pickled by :meth:`seal` in the worker thread that made the payload, and
+    unpickled by :meth:`open` in the parent's thread that hands it to the
+    training loop (the consumer; the receiver only when it pins): on a
+    free-threaded build an object is freed by the thread that made it, so a
+    batch let go of in another thread (the queue's feeder thread in the child,
+    the training loop in the parent) would wait there for that thread's next
+    bytecode before its arena block could be lent again.
     """
 
-    __slots__ = ("payload", "worker_id")
+    __slots__ = ("data", "pid", "refs")
 
-    def __init__(self, payload: Any, worker_id: int) -> None:
-        self.payload = payload
-        self.worker_id = worker_id
+    def __init__(self, data: bytes, pid: int, refs: Any = None) -> None:
+        self.data = data
+        self.pid = pid
+        self.refs = refs  # how to rebuild the arena tensors it references (see .arena.loads), or None
 
-    def __reduce__(self) -> tuple[Any, tuple[bytes, int, Any]]:
-        # Runs in the queue's feeder thread, where the message is pickled.
+    @classmethod
+    def seal(cls, payload: Any, worker_id: int) -> "Parcel":
+        """Pickle ``payload`` (in a child process); one that does not pickle becomes its task's error."""
         arena = _context.child_arena()
         try:
-            data, refs = arena.dumps(self.payload) if arena is not None else (_dumps(self.payload), None)
+            data, refs = arena.dumps(payload) if arena is not None else (_dumps(payload), None)
         except Exception:  # noqa: BLE001 - unpicklable result: its task fails instead of never arriving
-            where = f"in DataLoader worker thread {self.worker_id} (sending its result from process {os.getpid()})"
+            where = f"in DataLoader worker thread {worker_id} (sending its result from process {os.getpid()})"
             data, refs = _dumps(ExceptionWrapper(where=where)), None
-        return _unparcel, (data, os.getpid(), refs)
+        return cls(data, os.getpid(), refs)
+
+    def __reduce__(self) -> tuple[type, tuple[bytes, int, Any]]:
+        return Parcel, (self.data, self.pid, self.refs)
+
+    def open(self) -> Any:
+        """The payload (in the parent); a failure to unpickle it becomes the task's error (a :class:`ReceiveError`)."""
+        try:
+            return arena_loads(self.data, self.refs) if self.refs is not None else ForkingPickler.loads(self.data)
+        except Exception as exc:  # noqa: BLE001 - raised to the consumer for this task
+            return ReceiveError(exc, self.pid)
 
 
 class WorkerExitStandIn(BaseException):
@@ -113,19 +133,6 @@ def _undeath(data: bytes, text: str) -> BaseException:
     except Exception:  # noqa: BLE001 - e.g. a required __init__ argument
         return WorkerExitStandIn(text)
     return exc if isinstance(exc, BaseException) else WorkerExitStandIn(text)
-
-
-def _unparcel(data: bytes, pid: int, refs: Any = None) -> Any:
-    """Unpickle a :class:`Parcel` (in the parent); a failure becomes the task's error.
-
-    Args:
-        refs: how to rebuild the tensors in the child's arena the payload
-            references (see :func:`.arena.loads`), or None.
-    """
-    try:
-        return arena_loads(data, refs) if refs is not None else ForkingPickler.loads(data)
-    except Exception as exc:  # noqa: BLE001 - raised to the consumer for this task
-        return ReceiveError(exc, pid)
 
 
 #: DataLoader's error when a result cannot be received for want of file
@@ -196,7 +203,7 @@ class ParcelQueue:
     def put(self, msg: tuple[int, int, int, int, Any]) -> None:
         kind, gen, idx, worker_id, payload = msg
         if kind == _DATA:
-            payload = Parcel(payload, worker_id)
+            payload = Parcel.seal(payload, worker_id)
         elif kind == _DIED:
             payload = Death(payload)
         self._queue.put((kind, gen, idx, worker_id, payload))
