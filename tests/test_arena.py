@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from threadloader._procs.arena import ChildArena, Mirror, loads, mirror_count
+from threadloader._procs.arena import GRANULE, ChildArena, Mirror, loads, mirror_count
 
 
 @pytest.fixture
@@ -213,6 +213,31 @@ def test_a_tensor_of_its_own_travels_as_a_copy_in_a_block_and_tensors_sharing_me
     data, again = arena.dumps(torch.tensor([5, 6]))
     assert again[1][0][0] == block and again[3] is None  # its block, reused, by id
     assert _receive(data, again).tolist() == [5, 6]
+
+
+def test_small_copies_of_one_result_share_a_block_and_each_goes_back_on_its_own(ends):
+    # Each block holds a file descriptor in both processes: a result of many
+    # small tensors (a detection batch's targets) must not take one each.
+    arena, mirror = ends
+    small = [torch.arange(i + 1, dtype=torch.float64) for i in range(50)]
+    big = torch.arange(GRANULE, dtype=torch.uint8)  # a granule or more: a block of its own
+    data, refs = arena.dumps({"targets": small, "big": big})
+    assert len({meta[0] for meta in refs[1]}) == 2
+    got = _receive(data, refs)
+    assert all(torch.equal(g, t) for g, t in zip(got["targets"], small)) and torch.equal(got["big"], big)
+    assert all(g.data_ptr() % 64 == 0 for g in got["targets"])
+    slab = refs[1][0][0]
+    kept = got["targets"][7]
+    del got
+    _tell_child(arena, mirror)
+    assert arena._by_id[slab].parent_loans == 1  # one tensor of it is still held
+    for _ in range(3):  # meanwhile other results never write over it
+        _send(arena, [torch.full((100,), 9.0) for _ in range(20)])
+        _tell_child(arena, mirror)
+    assert kept.tolist() == list(range(8))
+    del kept
+    _tell_child(arena, mirror)
+    assert arena._by_id[slab].parent_loans == 0
 
 
 def test_shared_tensors_and_views_of_larger_ones_keep_torchs_reduction(ends):

@@ -57,6 +57,8 @@ __all__ = ["ChildArena", "Mirror", "forking_dumps", "loads", "mirror_count"]
 
 #: Blocks are rounded up to this many bytes: batches of nearby sizes share them.
 GRANULE = 64 << 10
+#: Copies packed into one block start at multiples of this (a cache line; any dtype's alignment).
+_ALIGN = 64
 
 
 @dataclass(eq=False)
@@ -173,7 +175,7 @@ class ChildArena(BufferPool):
         # last reference here (see _reusable).
         del self._by_id[block.id], self._by_addr[block.storage.data_ptr()]
 
-    def reference(self, tensor: torch.Tensor, copies: dict[int, _Block] | None = None,
+    def reference(self, tensor: torch.Tensor, copies: "_Copies | None" = None,
                   ) -> tuple[_Block, tuple[Any, ...], torch.UntypedStorage | None] | None:
         """``tensor``'s block, how the parent rebuilds it, and the block's storage if the parent does not map it yet.
 
@@ -187,8 +189,7 @@ class ChildArena(BufferPool):
         result could cost far more).
 
         Args:
-            copies: the blocks this storage (by address) was copied to in the
-                same result, so that tensors sharing memory still share it there.
+            copies: the result's copies so far (see :class:`_Copies`); None: copy nothing.
 
         Returns:
             None when ``tensor`` travels by torch's reduction instead. Counts a
@@ -200,24 +201,26 @@ class ChildArena(BufferPool):
             return None
         storage = tensor.untyped_storage()
         nbytes, address = storage.nbytes(), storage.data_ptr()
-        copy = None
+        start, into = 0, None
         with self._lock:
             block = self._by_addr.get(address)
             if block is None and copies is not None:
-                block = copies.get(address)
-                if (block is None and nbytes and tensor.numel() * tensor.element_size() == nbytes
+                placed = copies.placed.get(address)
+                if (placed is None and nbytes and tensor.numel() * tensor.element_size() == nbytes
                         and not storage.is_shared()):
-                    copy = self._block_bytes(nbytes)
-                    if copy is not None:
-                        block = copies[address] = self._by_addr[copy.__array_interface__["data"][0]]
-            if block is None or nbytes > block.capacity:
+                    placed = copies.place(self, address, nbytes)
+                    into = placed
+                if placed is not None:
+                    block, start, _ = placed
+            if block is None or start + nbytes > block.capacity:
                 return None
-            block.parent_loans += 1  # before the copy's own loan can end
+            block.parent_loans += 1
             first = None if block.sent else block.storage
             block.sent = True
-        if copy is not None:
-            torch.from_numpy(copy).copy_(torch.empty(0, dtype=torch.uint8).set_(storage))
-        meta = (block.id, nbytes, tensor.dtype, tensor.storage_offset(), tuple(tensor.size()), tuple(tensor.stride()))
+        if into is not None:
+            torch.from_numpy(into[2][start:start + nbytes]).copy_(torch.empty(0, dtype=torch.uint8).set_(storage))
+        meta = (block.id, start, nbytes, tensor.dtype, tensor.storage_offset(), tuple(tensor.size()),
+                tuple(tensor.stride()))
         return block, meta, first
 
     def unsend(self, refs: list[tuple[_Block, tuple[Any, ...], torch.UntypedStorage | None]],
@@ -267,9 +270,10 @@ class ChildArena(BufferPool):
         except BaseException:
             self.unsend(pickler.refs, forget)
             raise
-        if len(refs) > self._per_result:
+        blocks = len({block.id for block, _, _ in refs})
+        if blocks > self._per_result:
             with self._lock:
-                self._per_result = max(self._per_result, len(refs))
+                self._per_result = max(self._per_result, blocks)
                 self.slack = self._batches * self._per_result
         if not refs and not forget:
             return buf.getvalue(), None
@@ -283,6 +287,47 @@ def forking_dumps(obj: Any) -> bytes:
     return buf.getvalue()
 
 
+class _Copies:
+    """Where one result's copies went (:meth:`ChildArena.reference`).
+
+    Tensors that shared memory in the child share their copy; copies smaller
+    than a granule are packed into one block (a label tensor, many small
+    arrays of one sample): each block holds a file descriptor in both
+    processes, so a result of many small tensors must not take a block each.
+    """
+
+    __slots__ = ("placed", "_slab", "_used", "_loans")
+
+    def __init__(self) -> None:
+        #: storage address in the child -> (block, byte offset in it, the block's bytes as lent here)
+        self.placed: dict[int, tuple[_Block, int, np.ndarray]] = {}
+        self._slab: tuple[_Block, np.ndarray] | None = None
+        self._used = 0
+        # This process's loans of the blocks copied into: kept until the
+        # result is pickled, so that no block is lent again before its
+        # parent loans are counted.
+        self._loans: list[np.ndarray] = []
+
+    def place(self, arena: ChildArena, address: int, nbytes: int) -> tuple[_Block, int, np.ndarray] | None:
+        """Room for ``nbytes`` copied from the storage at ``address`` (caller holds the arena's lock); None: none left."""
+        start = -(-self._used // _ALIGN) * _ALIGN
+        if nbytes < GRANULE and self._slab is not None and start + nbytes <= self._slab[0].capacity:
+            block, lent = self._slab
+        else:
+            lent = arena._block_bytes(max(nbytes, GRANULE))
+            if lent is None:
+                return None
+            self._loans.append(lent)
+            block, start = arena._by_addr[lent.__array_interface__["data"][0]], 0
+            if nbytes >= GRANULE:  # a block of its own; the small ones keep the current slab
+                self.placed[address] = (block, 0, lent)
+                return self.placed[address]
+            self._slab = (block, lent)
+        self._used = start + nbytes
+        self.placed[address] = (block, start, lent)
+        return self.placed[address]
+
+
 class _ArenaPickler(ForkingPickler):
     """``ForkingPickler`` that pickles the arena's tensors as persistent ids (indices into :attr:`refs`)."""
 
@@ -293,7 +338,7 @@ class _ArenaPickler(ForkingPickler):
         # id(tensor) -> its index: a tensor twice in one result arrives as one
         # tensor twice, as pickle's memo makes it for any other object.
         self._index: dict[int, int] = {}
-        self._copies: dict[int, _Block] = {}  # see ChildArena.reference
+        self._copies = _Copies()
 
     def persistent_id(self, obj: Any) -> int | None:
         # Exactly torch.Tensor: subclasses and Parameters keep torch's reduction.
@@ -371,12 +416,12 @@ class Mirror:
             tensors = [self._lend(*meta) for meta in metas]
         return _ArenaUnpickler(io.BytesIO(data), tensors).load()
 
-    def _lend(self, block_id: int, nbytes: int, dtype: torch.dtype, offset: int, size: tuple[int, ...],
-              stride: tuple[int, ...]) -> torch.Tensor:
+    def _lend(self, block_id: int, start: int, nbytes: int, dtype: torch.dtype, offset: int,
+              size: tuple[int, ...], stride: tuple[int, ...]) -> torch.Tensor:
         # Caller holds the lock. As BufferPool: a fresh memoryview per loan,
         # watched by a weak reference; every array and tensor made from the
         # loan keeps it.
-        lent = np.frombuffer(memoryview(self._blocks[block_id])[:nbytes], dtype=np.uint8)
+        lent = np.frombuffer(memoryview(self._blocks[block_id])[start:start + nbytes], dtype=np.uint8)
         ref = weakref.ref(lent.base, self._give_back)
         self._loans[id(ref)] = (ref, block_id)
         # set_ on the bytes, not view(dtype): a view of an odd number of bytes
