@@ -240,6 +240,44 @@ def test_small_copies_of_one_result_share_a_block_and_each_goes_back_on_its_own(
     assert arena._by_id[slab].parent_loans == 0
 
 
+def test_a_numpy_array_travels_as_a_copy_in_a_block_in_its_order(ends):
+    # Pickled, it is copied into the pickle, through the pipe and out again.
+    arena, mirror = ends
+    c = np.arange(3000, dtype=">i4").reshape(30, 100)  # 12 KB, big-endian
+    f = np.asfortranarray(c.astype(np.float32))
+    strided = c[:, ::2]
+    small, objects = np.arange(10), np.array([1, "a"], dtype=object)  # pickled by value
+    data, refs = arena.dumps({"c": c, "f": f, "strided": strided, "small": small, "objects": objects, "again": c})
+    assert len(refs[1]) == 3
+    got = _receive(data, refs)
+    for key, sent in (("c", c), ("f", f), ("strided", strided)):
+        assert np.array_equal(got[key], sent) and got[key].dtype == sent.dtype and got[key].shape == sent.shape
+        assert got[key].flags.writeable and type(got[key]) is np.ndarray
+    assert got["f"].flags.f_contiguous and not got["f"].flags.c_contiguous and got["strided"].flags.c_contiguous
+    assert got["again"] is got["c"]
+    assert got["small"].tolist() == list(range(10)) and got["objects"].tolist() == [1, "a"]
+    c[0, 0] = -1  # the parent's array is its own copy
+    assert got["c"][0, 0] == 0
+    block = refs[1][0][0]
+    row = got["c"][3]
+    del got
+    _tell_child(arena, mirror)
+    assert arena._by_id[block].parent_loans == 1  # the row keeps its array's loan
+    del row
+    _tell_child(arena, mirror)
+    assert arena._by_id[block].parent_loans == 0
+
+
+def test_an_unbatched_frame_arrives_with_its_pixels_in_a_block(ends):
+    from threadloader import Frame
+
+    arena, mirror = ends
+    data, refs = arena.dumps(Frame(np.full((64, 48, 3), 7, np.uint8)))
+    assert refs is not None and len(refs[1]) == 1
+    frame = _receive(data, refs)
+    assert isinstance(frame, Frame) and frame.shape == (64, 48, 3) and np.all(frame.numpy() == 7)
+
+
 def test_shared_tensors_and_views_of_larger_ones_keep_torchs_reduction(ends):
     arena, mirror = ends
     shared = torch.arange(6.0).share_memory_()  # no copy: the parent's tensor aliases it

@@ -222,6 +222,33 @@ def test_batches_are_built_in_shared_memory_in_the_child():
     assert not bool(shared) and not bool(cross) and not _in_shared_memory(squares)
 
 
+class _BigFrames(Dataset):
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int):
+        from threadloader import Frame
+
+        return Frame(np.full((32, 48, 3), i, np.uint8)), np.full((4, 1024), i, np.float32)
+
+
+def _as_is(sample):
+    return sample
+
+
+@pytest.mark.parametrize("convert", [False, True])
+def test_unbatched_frames_and_arrays_reach_the_parent_in_shared_memory(convert):
+    # Pickled, their pixels would be copied into the pickle, through the pipe and out again.
+    loader = ThreadDataLoader(_BigFrames(), batch_size=None, num_workers=2, worker_processes=2,
+                              collate_fn=None if convert else _as_is, multiprocessing_context=FORK)
+    for i, (frame, array) in enumerate(loader):
+        # default_convert made the array a tensor (over the array's memory): it travels as a copy too
+        assert type(array) is (torch.Tensor if convert else np.ndarray)
+        array = torch.as_tensor(array)
+        assert frame.shape == (32, 48, 3) and np.all(frame.numpy() == i) and torch.all(array == i)
+        assert _in_shared_memory(torch.from_numpy(frame.numpy())) and _in_shared_memory(array)
+
+
 # --- arguments ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("value,num_workers,match", [

@@ -27,9 +27,11 @@ go back to the child, and a block it could not map is retired there.
 Only plain CPU tensors travel by reference (the pickler checks): those whose
 memory is an arena block, and those whose memory is all their own and not
 shared yet (labels, samples made in ``__getitem__``), copied into a block
-first, where torch's reduction would copy them into a fresh segment. The rest
-(shared memory, views of larger tensors, subclasses...) goes through torch's
-reductions as before.
+first, where torch's reduction would copy them into a fresh segment; and NumPy
+arrays of :data:`_ARRAY_MIN` bytes or more, copied into a block where pickle
+would copy them into the message. Small copies of one result share a block
+(:class:`_Copies`). The rest (shared memory, views of larger tensors,
+subclasses...) goes through torch's reductions and pickle as before.
 Past :attr:`ChildArena.max_blocks` blocks in use (a training loop keeping its
 batches), new batches get fresh shared memory, as DataLoader's do.
 """
@@ -59,6 +61,8 @@ __all__ = ["ChildArena", "Mirror", "forking_dumps", "loads", "mirror_count"]
 GRANULE = 64 << 10
 #: Copies packed into one block start at multiples of this (a cache line; any dtype's alignment).
 _ALIGN = 64
+#: NumPy arrays smaller than this pickle by value (cheaper than a loan in a block).
+_ARRAY_MIN = 4 << 10
 
 
 @dataclass(eq=False)
@@ -208,20 +212,47 @@ class ChildArena(BufferPool):
                 placed = copies.placed.get(address)
                 if (placed is None and nbytes and tensor.numel() * tensor.element_size() == nbytes
                         and not storage.is_shared()):
-                    placed = copies.place(self, address, nbytes)
-                    into = placed
+                    placed = into = copies.placed[address] = copies.place(self, nbytes)
                 if placed is not None:
                     block, start, _ = placed
             if block is None or start + nbytes > block.capacity:
                 return None
-            block.parent_loans += 1
-            first = None if block.sent else block.storage
-            block.sent = True
+            first = self._lend_to_parent(block)
         if into is not None:
             torch.from_numpy(into[2][start:start + nbytes]).copy_(torch.empty(0, dtype=torch.uint8).set_(storage))
-        meta = (block.id, start, nbytes, tensor.dtype, tensor.storage_offset(), tuple(tensor.size()),
-                tuple(tensor.stride()))
-        return block, meta, first
+        layout = (tensor.storage_offset(), tuple(tensor.size()), tuple(tensor.stride()))
+        return block, (block.id, start, nbytes, tensor.dtype, layout), first
+
+    def reference_array(self, array: np.ndarray, copies: "_Copies",
+                        ) -> tuple[_Block, tuple[Any, ...], torch.UntypedStorage | None] | None:
+        """As :meth:`reference`, for a NumPy array (an unbatched :class:`~threadloader.Frame`'s pixels...).
+
+        Pickling copies an array by value (into the pickle, through the pipe,
+        out of it: DataLoader's way); here it is copied once, into a block, and
+        arrives as an array of its own as well (same dtype, shape, C or
+        Fortran order, writable). None for arrays of objects and small ones
+        (:data:`_ARRAY_MIN`), which pickle cheaper.
+        """
+        nbytes = array.nbytes
+        if nbytes < _ARRAY_MIN or array.dtype.hasobject:
+            return None
+        with self._lock:
+            placed = copies.place(self, nbytes)
+            if placed is None:
+                return None
+            block, start, lent = placed
+            first = self._lend_to_parent(block)
+        order = "F" if array.flags.f_contiguous and not array.flags.c_contiguous else "C"
+        np.copyto(lent[start:start + nbytes].view(array.dtype).reshape(array.shape, order=order), array,
+                  casting="no")
+        return block, (block.id, start, nbytes, array.dtype, (order, array.shape)), first
+
+    def _lend_to_parent(self, block: _Block) -> torch.UntypedStorage | None:
+        """Count a parent loan of ``block``; its storage if it is its first trip (caller holds the lock)."""
+        block.parent_loans += 1  # before this process's loan of a copy can end
+        first = None if block.sent else block.storage
+        block.sent = True
+        return first
 
     def unsend(self, refs: list[tuple[_Block, tuple[Any, ...], torch.UntypedStorage | None]],
                forget: tuple[int, ...] = ()) -> None:
@@ -299,7 +330,7 @@ class _Copies:
     __slots__ = ("placed", "_slab", "_used", "_loans")
 
     def __init__(self) -> None:
-        #: storage address in the child -> (block, byte offset in it, the block's bytes as lent here)
+        #: a tensor storage's address here -> (block, byte offset in it, the block's bytes as lent here)
         self.placed: dict[int, tuple[_Block, int, np.ndarray]] = {}
         self._slab: tuple[_Block, np.ndarray] | None = None
         self._used = 0
@@ -308,8 +339,8 @@ class _Copies:
         # parent loans are counted.
         self._loans: list[np.ndarray] = []
 
-    def place(self, arena: ChildArena, address: int, nbytes: int) -> tuple[_Block, int, np.ndarray] | None:
-        """Room for ``nbytes`` copied from the storage at ``address`` (caller holds the arena's lock); None: none left."""
+    def place(self, arena: ChildArena, nbytes: int) -> tuple[_Block, int, np.ndarray] | None:
+        """Room for a copy of ``nbytes`` (caller holds the arena's lock); None: none left."""
         start = -(-self._used // _ALIGN) * _ALIGN
         if nbytes < GRANULE and self._slab is not None and start + nbytes <= self._slab[0].capacity:
             block, lent = self._slab
@@ -320,16 +351,14 @@ class _Copies:
             self._loans.append(lent)
             block, start = arena._by_addr[lent.__array_interface__["data"][0]], 0
             if nbytes >= GRANULE:  # a block of its own; the small ones keep the current slab
-                self.placed[address] = (block, 0, lent)
-                return self.placed[address]
+                return block, 0, lent
             self._slab = (block, lent)
         self._used = start + nbytes
-        self.placed[address] = (block, start, lent)
-        return self.placed[address]
+        return block, start, lent
 
 
 class _ArenaPickler(ForkingPickler):
-    """``ForkingPickler`` that pickles the arena's tensors as persistent ids (indices into :attr:`refs`)."""
+    """``ForkingPickler`` that pickles tensors and arrays the arena takes as persistent ids (indices into :attr:`refs`)."""
 
     def __init__(self, file: Any, arena: ChildArena) -> None:
         super().__init__(file)
@@ -341,12 +370,16 @@ class _ArenaPickler(ForkingPickler):
         self._copies = _Copies()
 
     def persistent_id(self, obj: Any) -> int | None:
-        # Exactly torch.Tensor: subclasses and Parameters keep torch's reduction.
-        if type(obj) is not torch.Tensor:
+        # Exactly torch.Tensor and np.ndarray: subclasses (Parameters, memmaps...) keep their reductions.
+        kind = type(obj)
+        if kind is not torch.Tensor and kind is not np.ndarray:
             return None
         index = self._index.get(id(obj))
         if index is None:
-            ref = self._arena.reference(obj, self._copies)
+            if kind is np.ndarray:
+                ref = self._arena.reference_array(obj, self._copies)
+            else:
+                ref = self._arena.reference(obj, self._copies)
             if ref is None:
                 return None
             index = self._index[id(obj)] = len(self.refs)
@@ -416,14 +449,18 @@ class Mirror:
             tensors = [self._lend(*meta) for meta in metas]
         return _ArenaUnpickler(io.BytesIO(data), tensors).load()
 
-    def _lend(self, block_id: int, start: int, nbytes: int, dtype: torch.dtype, offset: int,
-              size: tuple[int, ...], stride: tuple[int, ...]) -> torch.Tensor:
+    def _lend(self, block_id: int, start: int, nbytes: int, dtype: torch.dtype | np.dtype,
+              layout: tuple[Any, ...]) -> torch.Tensor | np.ndarray:
         # Caller holds the lock. As BufferPool: a fresh memoryview per loan,
         # watched by a weak reference; every array and tensor made from the
         # loan keeps it.
         lent = np.frombuffer(memoryview(self._blocks[block_id])[start:start + nbytes], dtype=np.uint8)
         ref = weakref.ref(lent.base, self._give_back)
         self._loans[id(ref)] = (ref, block_id)
+        if isinstance(dtype, np.dtype):
+            order, shape = layout
+            return lent.view(dtype).reshape(shape, order=order)
+        offset, size, stride = layout
         # set_ on the bytes, not view(dtype): a view of an odd number of bytes
         # as a wider dtype (int16 batch, int32 view) travels as DataLoader's does.
         return torch.empty(0, dtype=dtype).set_(torch.from_numpy(lent).untyped_storage(), offset, size, stride)
@@ -457,7 +494,7 @@ class Mirror:
 
 
 class _ArenaUnpickler(pickle.Unpickler):
-    def __init__(self, file: Any, tensors: list[torch.Tensor]) -> None:
+    def __init__(self, file: Any, tensors: list[torch.Tensor | np.ndarray]) -> None:
         super().__init__(file)
         self._tensors = tensors
 
