@@ -278,6 +278,31 @@ def test_an_unbatched_frame_arrives_with_its_pixels_in_a_block(ends):
     assert isinstance(frame, Frame) and frame.shape == (64, 48, 3) and np.all(frame.numpy() == 7)
 
 
+class _ArrayState:
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def __getstate__(self):
+        return np.full(1000, self.k, dtype=np.float64)  # a temporary, 8 KB: copied into a block
+
+    def __setstate__(self, state) -> None:
+        self.state = state
+
+
+class _TensorState(_ArrayState):
+    def __getstate__(self):
+        return torch.full((10,), float(self.k))  # a temporary tensor of its own
+
+
+@pytest.mark.parametrize("kind", [_ArrayState, _TensorState])
+def test_temporaries_made_while_pickling_each_arrive_as_themselves(ends, kind):
+    # Freed before the next one was made, a temporary left that one its id
+    # and its memory's address: it was sent as the first.
+    arena, mirror = ends
+    got = _send(arena, [kind(1), kind(2), kind(3)])
+    assert [float(g.state[0]) for g in got] == [1.0, 2.0, 3.0]
+
+
 def test_shared_tensors_and_views_of_larger_ones_keep_torchs_reduction(ends):
     arena, mirror = ends
     shared = torch.arange(6.0).share_memory_()  # no copy: the parent's tensor aliases it

@@ -249,6 +249,43 @@ def test_unbatched_frames_and_arrays_reach_the_parent_in_shared_memory(convert):
         assert _in_shared_memory(torch.from_numpy(frame.numpy())) and _in_shared_memory(array)
 
 
+class _SlowToPickle:
+    def __reduce__(self):
+        time.sleep(0.5)
+        return _SlowToPickle, ()
+
+
+_CHUNK: dict[str, torch.Tensor] = {}
+_CHUNK_LOCK = threading.Lock()
+
+
+class _ViewsOfOneChunk(Dataset):
+    """Views of one chunk, stacked by default_collate (in an arena block, in a child) once per process."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int):
+        with _CHUNK_LOCK:
+            if "chunk" not in _CHUNK:
+                _CHUNK["chunk"] = default_collate([torch.full((1000,), float(j)) for j in range(4)])
+        chunk = _CHUNK["chunk"]
+        if i == 2:
+            time.sleep(0.1)
+        return (chunk[i], _SlowToPickle()) if i == 0 else (chunk[i],)
+
+
+def test_a_result_naming_a_block_by_id_never_overtakes_the_one_carrying_it():
+    # Worker threads pickle their own results: the first to send a block
+    # carries its storage; another thread's result naming it by id alone,
+    # pickled after it but quicker, was queued first and found it unknown.
+    _CHUNK.clear()
+    kwargs = dict(batch_size=None, num_workers=4, multiprocessing_context=FORK, timeout=20)
+    expected = [r[0][0].item() for r in DataLoader(_ViewsOfOneChunk(), **kwargs)]
+    got = [r[0][0].item() for r in ThreadDataLoader(_ViewsOfOneChunk(), worker_processes=2, **kwargs)]
+    assert got == expected == [0.0, 1.0, 2.0, 3.0]
+
+
 # --- arguments ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("value,num_workers,match", [
@@ -1105,10 +1142,16 @@ FILE_SYSTEM_STRATEGY_CHILD = textwrap.dedent(
     if __name__ == "__main__":
         torch.multiprocessing.set_sharing_strategy("file_system")
         before = named()
-        loader = ThreadDataLoader(Frames(), batch_size=4, num_workers=2, worker_processes=2,
+        loader = ThreadDataLoader(Frames(), batch_size=4, num_workers=2, worker_processes=2, prefetch_factor=4,
                                   collate_fn=frame_collate, multiprocessing_context=sys.argv[1])
         for epoch in range(3):
-            assert [int(y.sum()) for _, y in loader] == [sum(range(k, k + 4)) for k in range(0, 32, 4)]
+            if sys.argv[2] == "break":  # results the loop never reads are queued when the pool stops
+                for batch in loader:
+                    time.sleep(0.3)
+                    break
+                del batch
+            else:
+                assert [int(y.sum()) for _, y in loader] == [sum(range(k, k + 4)) for k in range(0, 32, 4)]
         gc.collect()
         deadline = time.monotonic() + 5
         while named() - before and time.monotonic() < deadline:
@@ -1118,14 +1161,17 @@ FILE_SYSTEM_STRATEGY_CHILD = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("context", [FORK, "spawn"])
-def test_file_system_sharing_strategy_leaves_no_segment_of_an_ended_child_behind(context, tmp_path):
+@pytest.mark.parametrize("context,epochs", [(FORK, "whole"), ("spawn", "whole"), (FORK, "break")])
+def test_file_system_sharing_strategy_leaves_no_segment_of_an_ended_child_behind(context, epochs, tmp_path):
     # Children end in os._exit: an arena block, or the counters they were
     # started with, still mapped there kept its segment in /dev/shm until the
-    # loader's process exited (an arena's worth per epoch).
+    # loader's process exited (an arena's worth per epoch). Results queued,
+    # never read, when an epoch is broken off are unpickled and dropped as the
+    # pool stops: torch counts a reference per message in flight.
     script = tmp_path / "file_system.py"  # a file: spawned children import the dataset's class from it
     script.write_text(FILE_SYSTEM_STRATEGY_CHILD)
-    out = subprocess.run([sys.executable, str(script), context], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, str(script), context, epochs], capture_output=True, text=True,
+                         timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[]"
 

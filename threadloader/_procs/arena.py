@@ -55,7 +55,7 @@ import torch
 from .. import _torch_compat
 from .._pool import BufferPool, nbytes_of
 
-__all__ = ["ChildArena", "Mirror", "forking_dumps", "loads", "mirror_count"]
+__all__ = ["ChildArena", "Mirror", "discard", "forking_dumps", "loads", "mirror_count"]
 
 #: Blocks are rounded up to this many bytes: batches of nearby sizes share them.
 GRANULE = 64 << 10
@@ -364,9 +364,12 @@ class _ArenaPickler(ForkingPickler):
         super().__init__(file)
         self._arena = arena
         self.refs: list[tuple[_Block, tuple[Any, ...], torch.UntypedStorage | None]] = []
-        # id(tensor) -> its index: a tensor twice in one result arrives as one
-        # tensor twice, as pickle's memo makes it for any other object.
-        self._index: dict[int, int] = {}
+        # id(object) -> (its index, the object): one twice in a result arrives
+        # as one object twice, as pickle's memo makes it for any other. The
+        # object is kept, as pickle's memo keeps it: a temporary (made by a
+        # __getstate__) freed meanwhile would leave its id, and its memory's
+        # address, to the next one, which would then be sent as this one.
+        self._index: dict[int, tuple[int, Any]] = {}
         self._copies = _Copies()
 
     def persistent_id(self, obj: Any) -> int | None:
@@ -374,16 +377,18 @@ class _ArenaPickler(ForkingPickler):
         kind = type(obj)
         if kind is not torch.Tensor and kind is not np.ndarray:
             return None
-        index = self._index.get(id(obj))
-        if index is None:
-            if kind is np.ndarray:
-                ref = self._arena.reference_array(obj, self._copies)
-            else:
-                ref = self._arena.reference(obj, self._copies)
-            if ref is None:
-                return None
-            index = self._index[id(obj)] = len(self.refs)
-            self.refs.append(ref)
+        known = self._index.get(id(obj))
+        if known is not None:
+            return known[0]
+        if kind is np.ndarray:
+            ref = self._arena.reference_array(obj, self._copies)
+        else:
+            ref = self._arena.reference(obj, self._copies)
+        if ref is None:
+            return None
+        index = len(self.refs)
+        self._index[id(obj)] = (index, obj)
+        self.refs.append(ref)
         return index
 
 
@@ -500,6 +505,22 @@ class _ArenaUnpickler(pickle.Unpickler):
 
     def persistent_load(self, pid: Any) -> torch.Tensor:
         return self._tensors[pid]
+
+
+def discard(data: bytes, arena: tuple[Any, ...]) -> None:
+    """Unpickle a result :meth:`ChildArena.dumps` pickled, and drop it, without lending any block.
+
+    For a result nobody reads (its pool stops): the storages and the
+    tensors torch sent in it are received and let go of (see
+    :meth:`threadloader._procs.wire.Parcel.discard`).
+
+    Raises:
+        Exception: whatever unpickling raises.
+    """
+    _token, metas, _forget, storages = arena
+    if storages is not None:
+        ForkingPickler.loads(storages)
+    _ArenaUnpickler(io.BytesIO(data), [None] * len(metas)).load()
 
 
 def loads(data: bytes, arena: tuple[Any, ...]) -> Any:

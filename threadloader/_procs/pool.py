@@ -42,7 +42,7 @@ import torch.multiprocessing as torch_mp
 
 from .. import _fork, _torch_compat
 from .._engine.pool import JOIN_BUDGET_S
-from .._engine.worker_loop import _CRASHED, _DATA, _DIED, STOPPED_MESSAGE, ProcessDeath, _Config, _drain, pin_task
+from .._engine.worker_loop import _CRASHED, _DATA, _DIED, STOPPED_MESSAGE, ProcessDeath, _Config, pin_task
 from .._torch_compat import ExceptionWrapper
 from .arena import Mirror
 from .child import POLL_S, child_main
@@ -146,7 +146,16 @@ class _Inbox:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._by_worker = by_worker
         self.put = self._queue.put
-        self.get_nowait = self._queue.get_nowait  # unopened: for draining a stopped pool
+
+    def discard_all(self) -> None:
+        """Drop every message queued, each payload unpickled first (see :meth:`~.wire.Parcel.discard`)."""
+        while True:
+            try:
+                payload = self._queue.get_nowait()[4]
+            except queue.Empty:
+                return
+            if type(payload) is Parcel:
+                payload.discard()
 
     def get(self, block: bool = True, timeout: float | None = None) -> tuple[int, int, int, int, Any]:
         """The next message, its payload opened (``queue.SimpleQueue.get``'s arguments and ``queue.Empty``)."""
@@ -353,7 +362,7 @@ class ProcessPool:
             # The Process objects stay open (DataLoader never closes its
             # workers either): ``_workers`` must keep answering. Their pipes
             # close when the pool is collected.
-        _drain(self.results)
+        self.results.discard_all()
         # The loader keeps its last stats, and with them these counters: give
         # them private memory, or each loader kept would hold the shared
         # array (an open file descriptor) for as long as it lives.
@@ -402,7 +411,12 @@ def _receive_one(pool: ProcessPool, child: _Child, pid: int) -> bool:
         if not pool.stopping and not _failed_if_died(pool, child, pid, detail):
             pool.fail(f"Receiving a result from DataLoader worker process (pid {pid}) failed: {exc!r}")
         return False
-    forwarded = not pool.stopping and _forward(pool, child, pid, msg)
+    if pool.stopping:  # nobody reads it
+        forwarded = False
+        if type(msg[4]) is Parcel:
+            msg[4].discard()
+    else:
+        forwarded = _forward(pool, child, pid, msg)
     # A payload that failed to unpickle keeps its traceback, whose frames
     # reach this one (f_back): holding the message here would make a cycle
     # that keeps the pool, and its processes' pipes, until a garbage collection.

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import threading
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
@@ -24,6 +25,7 @@ from .. import _context
 from .._torch_compat import ExceptionWrapper
 from .._engine.worker_loop import _DATA, _DIED
 from .arena import forking_dumps as _dumps
+from .arena import discard as arena_discard
 from .arena import loads as arena_loads
 
 __all__ = ["NEW_EPOCH", "TOO_MANY_OPEN_FILES", "Death", "Parcel", "ParcelQueue", "ReceiveError",
@@ -74,6 +76,21 @@ class Parcel:
 
     def __reduce__(self) -> tuple[type, tuple[bytes, int, Any]]:
         return Parcel, (self.data, self.pid, self.refs)
+
+    def discard(self) -> None:
+        """Unpickle the payload and drop it, whatever fails (a result nobody will read: the pool stops).
+
+        Shared memory torch sent in it (its ``file_system`` strategy counts a
+        reference for each message in flight, dropped as it is unpickled;
+        a descriptor waits in the sender until fetched) is let go of only so.
+        """
+        try:
+            if self.refs is None:
+                ForkingPickler.loads(self.data)
+            else:
+                arena_discard(self.data, self.refs)
+        except Exception:  # noqa: BLE001 - nothing to report: nobody reads it
+            pass
 
     def open(self) -> Any:
         """The payload (in the parent); a failure to unpickle it becomes the task's error (a :class:`ReceiveError`)."""
@@ -195,15 +212,23 @@ class ParcelQueue:
     """The child's result queue as its worker threads see it: data payloads travel as :class:`Parcel`,
     the exceptions that end worker threads as :class:`Death`."""
 
-    __slots__ = ("_queue",)
+    __slots__ = ("_queue", "_order")
 
     def __init__(self, results: Any) -> None:
         self._queue = results
+        # Results are sealed (pickled) and queued in one order: the first
+        # result to name an arena block carries its storage, and a later one
+        # naming it by id alone must not overtake it (nor one that failed to
+        # pickle and gave the block's first trip back). The queue's feeder
+        # thread pickled them all in queue order before; this lock keeps that.
+        self._order = threading.Lock()
 
     def put(self, msg: tuple[int, int, int, int, Any]) -> None:
         kind, gen, idx, worker_id, payload = msg
-        if kind == _DATA:
-            payload = Parcel.seal(payload, worker_id)
-        elif kind == _DIED:
+        if kind == _DIED:
             payload = Death(payload)
+        elif kind == _DATA:
+            with self._order:
+                self._queue.put((kind, gen, idx, worker_id, Parcel.seal(payload, worker_id)))
+            return
         self._queue.put((kind, gen, idx, worker_id, payload))
