@@ -114,18 +114,21 @@ class ChildArena(BufferPool):
 
     def take(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """A batch buffer: an arena block, or fresh shared memory when :attr:`max_blocks` are all in use."""
-        lent = self._block_bytes(nbytes_of(shape, dtype))
-        if lent is None:
-            return _torch_compat.new_shared(shape, dtype)
-        return torch.from_numpy(lent).view(dtype).view(shape)
+        with self._lock:
+            if self._has_room(self.capacity(nbytes_of(shape, dtype))):
+                return super().take(shape, dtype)
+        return _torch_compat.new_shared(shape, dtype)
 
     def _block_bytes(self, nbytes: int) -> np.ndarray | None:
         """A loan of ``nbytes`` of a block (:meth:`take_bytes`), or None when :attr:`max_blocks` are all in use."""
-        capacity = self.capacity(nbytes)
         with self._lock:
-            if len(self._by_id) < self.max_blocks or any(e[0] == capacity for e in self._free):
+            if self._has_room(self.capacity(nbytes)):
                 return self.take_bytes(nbytes)
         return None
+
+    def _has_room(self, capacity: int) -> bool:
+        # Caller holds the lock. A free block of that size, or room for a new one.
+        return len(self._by_id) < self.max_blocks or any(e[0] == capacity for e in self._free)
 
     def _new_block(self, capacity: int) -> np.ndarray:
         tensor = _torch_compat.new_shared((capacity,))
@@ -212,7 +215,9 @@ class ChildArena(BufferPool):
                 placed = copies.placed.get(address)
                 if (placed is None and nbytes and tensor.numel() * tensor.element_size() == nbytes
                         and not storage.is_shared()):
-                    placed = into = copies.placed[address] = copies.place(self, nbytes)
+                    placed = into = copies.place(self, nbytes)
+                    if placed is not None:
+                        copies.placed[address] = placed
                 if placed is not None:
                     block, start, _ = placed
             if block is None or start + nbytes > block.capacity:
@@ -358,7 +363,10 @@ class _Copies:
 
 
 class _ArenaPickler(ForkingPickler):
-    """``ForkingPickler`` that pickles tensors and arrays the arena takes as persistent ids (indices into :attr:`refs`)."""
+    """``ForkingPickler`` that pickles the tensors and arrays the arena takes as persistent ids.
+
+    The ids are indices into :attr:`refs`.
+    """
 
     def __init__(self, file: Any, arena: ChildArena) -> None:
         super().__init__(file)

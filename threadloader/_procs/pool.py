@@ -15,8 +15,9 @@ In the parent, one receiver thread per child reads that child's result queue,
 pins the batch when the loader pins (off the consumer thread), and forwards it
 to the one result queue the consumer reads (:class:`_Inbox`, whose ``get``
 unpickles a payload the receiver did not: see :class:`~.wire.Parcel`), so the
-consumer cannot tell threads from processes. A receiver also notices its child dying and tells the consumer,
-which raises DataLoader's "exited unexpectedly" error instead of hanging.
+consumer cannot tell threads from processes. A receiver also notices its child
+dying and tells the consumer, which raises DataLoader's "exited unexpectedly"
+error instead of hanging.
 
 Children never outlive the parent: they are daemonic (multiprocessing
 terminates them at exit), they stop when told, the parent terminates any that
