@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import pickle
+import threading
 from multiprocessing.reduction import ForkingPickler
 
 import numpy as np
@@ -28,8 +29,9 @@ def ends():
 
 
 def _batch(arena: ChildArena, value: int, n: int = 4) -> torch.Tensor:
-    # As frame_collate: an (N, C, H, W) channels-last view of an (N, H, W, C) buffer.
-    t = arena.take((n, 8, 6, 3), torch.uint8).permute(0, 3, 1, 2)
+    # As frame_collate: an (N, C, H, W) channels-last view of an (N, H, W, C)
+    # buffer, larger than _PACK_MAX: a block of its own.
+    t = arena.take((n, 48, 32, 3), torch.uint8).permute(0, 3, 1, 2)
     t.fill_(value)
     return t
 
@@ -240,6 +242,115 @@ def test_small_copies_of_one_result_share_a_block_and_each_goes_back_on_its_own(
     assert arena._by_id[slab].parent_loans == 0
 
 
+def _labels(arena: ChildArena, value: int) -> torch.Tensor:
+    # default_collate's stack of 32 int labels: 256 bytes, cut from a shared block.
+    t = arena.take((32,), torch.int64)
+    t.fill_(value)
+    return t
+
+
+def _block_of(arena: ChildArena, t: torch.Tensor) -> int | None:
+    block, _ = arena._holding(t.data_ptr())
+    return None if block is None else block.id
+
+
+def test_small_batch_buffers_of_a_thread_are_cut_from_one_block_until_it_is_full(ends):
+    # A block each would hold a file descriptor each in both processes (a
+    # dict sample of 50 keys: 50 per batch in flight).
+    arena, mirror = ends
+    per_block = GRANULE // 256
+    held = [_send(arena, {"a": _labels(arena, i), "b": arena.take((3,), torch.uint8).fill_(i)})
+            for i in range(per_block // 2)]
+    assert len(mirror._blocks) == 1  # every batch so far: one block, sent once
+    assert all(torch.all(h["a"] == i) and torch.all(h["b"] == i) for i, h in enumerate(held))
+    assert len({h["a"].data_ptr() for h in held} | {h["b"].data_ptr() for h in held}) == per_block
+    assert all(h["a"].data_ptr() % 64 == 0 and h["b"].data_ptr() % 64 == 0 for h in held)
+    first = _labels(arena, 0)
+    while _block_of(arena, _labels(arena, 0)) == _block_of(arena, first):
+        pass
+    assert len(arena._by_id) == 2  # full: the next buffers come from a new block
+
+
+def test_a_shared_block_is_lent_again_only_once_every_batch_cut_from_it_is_let_go_of(ends):
+    arena, mirror = ends
+    kept = _send(arena, _labels(arena, 7))  # held by the parent
+    block = _block_of(arena, _labels(arena, 0))
+    for i in range(3 * GRANULE // 256):  # fill that block and two more; let every other batch go
+        _send(arena, _labels(arena, i % 5))
+        if i % 32 == 31:
+            _tell_child(arena, mirror)
+            assert torch.all(kept == 7), "a batch cut from a block was overwritten while the parent held it"
+    assert arena._by_id[block].parent_loans == 1 and arena._by_id[block].parked
+    del kept
+    _tell_child(arena, mirror)
+    free = [arena._holding(entry[1].__array_interface__["data"][0])[0].id for entry in arena._free]
+    assert free[-1] == block and not arena._by_id[block].parked  # the next to be lent again
+
+
+def test_each_worker_thread_cuts_from_its_own_block(ends):
+    arena, mirror = ends
+    mine = _labels(arena, 1)
+    theirs = []
+    thread = threading.Thread(target=lambda: theirs.append(_labels(arena, 2)))
+    thread.start()
+    thread.join()
+    assert _block_of(arena, mine) != _block_of(arena, theirs[0])
+    got = _send(arena, [mine, theirs[0]])
+    assert got[0].tolist() == [1] * 32 and got[1].tolist() == [2] * 32
+
+
+def test_a_block_that_could_not_be_received_is_lost_alone(ends):
+    # A new image block whose descriptor fails to arrive: the labels' block,
+    # mapped already, is not lost with it.
+    arena, mirror = ends
+    _send(arena, _labels(arena, 0))
+    image, labels = arena.take((4, 48, 32, 3), torch.uint8).fill_(9), _labels(arena, 1)
+    data, (token, metas, forget, storages) = arena.dumps((image, labels))
+    with pytest.raises(Exception):
+        loads(data, (token, metas, forget, b"not received"))
+    _tell_child(arena, mirror)
+    assert _block_of(arena, image) is None  # retired: never lent again
+    slab = _block_of(arena, labels)
+    assert slab is not None and arena._by_id[slab].parent_loans == 0
+    data, refs = arena.dumps(_labels(arena, 2))
+    assert refs[1][0][0] == slab and loads(data, refs).tolist() == [2] * 32
+
+
+def test_a_lost_slab_fails_the_results_sent_from_it_then_is_left(ends):
+    arena, mirror = ends
+    first = _labels(arena, 1)
+    slab = _block_of(arena, first)
+    data, (token, metas, forget, storages) = arena.dumps(first)
+    with pytest.raises(Exception):
+        loads(data, (token, metas, forget, b"not received"))
+    in_flight = arena.dumps(_labels(arena, 2))  # sent before the child hears of it: names the slab by id
+    with pytest.raises(RuntimeError, match="lost with an earlier result"):
+        _receive(*in_flight)
+    _tell_child(arena, mirror)
+    later = _labels(arena, 3)
+    assert _block_of(arena, later) not in (None, slab)  # a new slab, the lost one left
+    data, refs = arena.dumps(later)
+    assert refs[1][0][0] == _block_of(arena, later) and loads(data, refs).tolist() == [3] * 32
+
+
+def test_empty_batch_buffers_take_no_block(ends):
+    # Boxes of images without annotations: (N, 0, 4). A block each would hold a descriptor each.
+    arena, mirror = ends
+    empties = [arena.take((8, 0, 4), torch.float32) for _ in range(3 * arena.max_blocks)]
+    assert not arena._by_id
+    got = _send(arena, empties)
+    assert all(g.shape == (8, 0, 4) and g.dtype == torch.float32 for g in got)
+
+
+def test_past_max_blocks_small_buffers_get_fresh_shared_memory_too(ends):
+    arena, mirror = ends
+    held = [_send(arena, _batch(arena, i)) for i in range(arena.max_blocks)]
+    fresh = _labels(arena, 4)
+    assert fresh.is_shared() and arena.reference(fresh) is None
+    assert _send(arena, fresh).tolist() == [4] * 32
+    del held
+
+
 def test_a_numpy_array_travels_as_a_copy_in_a_block_in_its_order(ends):
     # Pickled, it is copied into the pickle, through the pipe and out again.
     arena, mirror = ends
@@ -344,13 +455,13 @@ def test_past_max_blocks_held_batches_get_fresh_shared_memory(ends):
 
 
 def test_free_blocks_kept_grow_with_the_tensors_a_result_holds(ends):
-    # Images and labels: two blocks per batch, so twice the free blocks (and
+    # Images and masks: two blocks per batch, so twice the free blocks (and
     # the bound on blocks in use) for the same batches in circulation.
     arena, mirror = ends
     assert arena.slack == 2 and arena.max_blocks == 12
-    _send(arena, [_batch(arena, 1), arena.take((4,), torch.int64)])
+    _send(arena, [_batch(arena, 1), arena.take((4, 48, 32), torch.float32)])
     assert arena.slack == 4 and arena.max_blocks == 16
-    held = [_send(arena, [_batch(arena, i), arena.take((4,), torch.int64)]) for i in range(2)]
+    held = [_send(arena, [_batch(arena, i), arena.take((4, 48, 32), torch.float32)]) for i in range(2)]
     del held
     _tell_child(arena, mirror)
     assert arena.stats()["free"] == 4  # (of 6) two batches' worth kept, not one's

@@ -249,6 +249,34 @@ def test_unbatched_frames_and_arrays_reach_the_parent_in_shared_memory(convert):
         assert _in_shared_memory(torch.from_numpy(frame.numpy())) and _in_shared_memory(array)
 
 
+class _ManyKeys(Dataset):
+    def __len__(self) -> int:
+        return 96
+
+    def __getitem__(self, i: int):
+        sample = {f"f{k}": torch.tensor(i * 100.0 + k) for k in range(30)}
+        sample.update({f"i{k}": i + k for k in range(10)})
+        sample["a"] = np.full((3, 4), i, np.int16)
+        sample.update({f"boxes{k}": torch.zeros(0, 4) for k in range(10)})  # no annotations: empty
+        return sample
+
+
+def test_a_sample_of_many_keys_gives_dataloaders_batches_in_a_few_blocks():
+    # default_collate stacks each key into a batch buffer of its own: 51 per
+    # batch here, cut from a few shared blocks (or, empty, in none) rather
+    # than a block (and a file descriptor in each process) apiece.
+    expected = list(DataLoader(_ManyKeys(), batch_size=8))
+    before = len(_fds())
+    loader = ThreadDataLoader(_ManyKeys(), batch_size=8, num_workers=4, worker_processes=2, prefetch_factor=3,
+                              multiprocessing_context=FORK)
+    most = 0
+    for got, want in zip(loader, expected, strict=True):
+        most = max(most, len(_fds()) - before)
+        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    # DataLoader's workers: 41 descriptors per batch held; a block each: as many again.
+    assert most < 41, most
+
+
 class _SlowToPickle:
     def __reduce__(self):
         time.sleep(0.5)
@@ -948,9 +976,13 @@ FD_LIMIT_CHILD = textwrap.dedent(
     from torch.utils.data import DataLoader, IterableDataset
     from threadloader import ThreadDataLoader
 
+    # 32 KiB each: batch buffers this large take a block each (smaller ones
+    # share blocks and do not run out here, see the test after this one).
+    shape = (64, 128) if sys.argv[2] == "large" else (2, 2)
+
     class Tensors(IterableDataset):
         def __iter__(self):
-            return (torch.randn(2, 2) for _ in range(200))
+            return (torch.randn(*shape) for _ in range(200))
 
     cls, kw = (ThreadDataLoader, {"worker_processes": 1}) if sys.argv[1] == "procs" else (DataLoader, {})
     keep = []  # each received tensor holds a descriptor
@@ -967,13 +999,22 @@ FD_LIMIT_CHILD = textwrap.dedent(
 
 def test_running_out_of_file_descriptors_gives_dataloaders_advice():
     # torch's test_fd_limit_exceeded: not the unpickler's "received 0 items of ancdata".
-    def last_line(which):
-        out = subprocess.run([sys.executable, "-c", FD_LIMIT_CHILD, which], capture_output=True, text=True,
-                             timeout=120)
-        return (out.stdout.strip().splitlines() or [out.stderr[-500:]])[-1]
-
-    ours, theirs = last_line("procs"), last_line("torch")
+    ours, theirs = _fd_limit_last_line("procs", "large"), _fd_limit_last_line("torch", "large")
     assert ours == theirs and theirs.startswith("RuntimeError: Too many open files. ") and "ulimit -n" in ours
+
+
+def test_small_batches_kept_share_blocks_and_do_not_run_out_of_file_descriptors():
+    # torch's test_fd_limit_exceeded as it is (200 kept batches of 2x2 under a
+    # limit of 100 descriptors): DataLoader runs out; packed into shared
+    # blocks, the same batches hold a descriptor per 64 KiB.
+    assert _fd_limit_last_line("torch", "small").startswith("RuntimeError: Too many open files. ")
+    assert _fd_limit_last_line("procs", "small") == "no error"
+
+
+def _fd_limit_last_line(which: str, size: str) -> str:
+    out = subprocess.run([sys.executable, "-c", FD_LIMIT_CHILD, which, size], capture_output=True, text=True,
+                         timeout=120)
+    return (out.stdout.strip().splitlines() or [out.stderr[-500:]])[-1]
 
 
 KILLED_MID_WRITE_CHILD = textwrap.dedent(

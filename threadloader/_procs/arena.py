@@ -24,6 +24,12 @@ blocks the parent does not map yet in a pickle of their own. So whatever fails
 to unpickle in the parent, it knows which blocks the result held: their loans
 go back to the child, and a block it could not map is retired there.
 
+Batch buffers of up to :data:`_PACK_MAX` bytes are cut in turn from a block
+per worker thread (:meth:`ChildArena.take`): each block holds a file
+descriptor in both processes, so a batch of 50 small stacked keys must not
+take 50 blocks. A block serves as a tensor's memory wherever in it the tensor
+lies (:meth:`ChildArena._holding`).
+
 Only plain CPU tensors travel by reference (the pickler checks): those whose
 memory is an arena block, and those whose memory is all their own and not
 shared yet (labels, samples made in ``__getitem__``), copied into a block
@@ -38,6 +44,7 @@ batches), new batches get fresh shared memory, as DataLoader's do.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import io
 import itertools
@@ -63,6 +70,8 @@ GRANULE = 64 << 10
 _ALIGN = 64
 #: NumPy arrays smaller than this pickle by value (cheaper than a loan in a block).
 _ARRAY_MIN = 4 << 10
+#: Batch buffers up to this size share blocks (a worker thread's current slab, see ChildArena.take).
+_PACK_MAX = 16 << 10
 
 
 @dataclass(eq=False)
@@ -99,6 +108,9 @@ class ChildArena(BufferPool):
         self._per_result = 1
         self._by_id: dict[int, _Block] = {}
         self._by_addr: dict[int, _Block] = {}  # keyed by the block's address
+        self._addrs: list[int] = []  # the keys of _by_addr, sorted: which block holds an address
+        #: Per worker thread: ``slab``, [the block's bytes as lent here, bytes used].
+        self._local = threading.local()
         self._ids = itertools.count()
         #: Ids of blocks this child let go of that the parent maps: it unmaps
         #: them when it reads them (with the next batch sent by id).
@@ -113,11 +125,47 @@ class ChildArena(BufferPool):
         return 2 * self.slack + 8
 
     def take(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        """A batch buffer: an arena block, or fresh shared memory when :attr:`max_blocks` are all in use."""
+        """A batch buffer: an arena block, or fresh shared memory when :attr:`max_blocks` are all in use.
+
+        Buffers of up to :data:`_PACK_MAX` bytes (a batch's labels, each key
+        of a dict sample that ``default_collate`` stacks) are cut from the
+        calling thread's current block, in order, until it is full: a block
+        each would hold a file descriptor each in both processes (a sample of
+        50 keys, 8 workers: past the usual limit of 1024 in the loader's
+        process). The block is lent again once every batch cut from it is
+        let go of, here and in the parent.
+        """
+        nbytes = nbytes_of(shape, dtype)
+        if nbytes == 0:  # nothing to share: torch sends an empty storage without a descriptor
+            return torch.empty(shape, dtype=dtype)
+        if nbytes <= _PACK_MAX:
+            lent = self._cut(nbytes)
+            if lent is not None:
+                return torch.from_numpy(lent).view(dtype).view(shape)
         with self._lock:
-            if self._has_room(self.capacity(nbytes_of(shape, dtype))):
+            if self._has_room(self.capacity(nbytes)):
                 return super().take(shape, dtype)
         return _torch_compat.new_shared(shape, dtype)
+
+    def _cut(self, nbytes: int) -> np.ndarray | None:
+        """``nbytes`` of the calling thread's slab (a new one when it is full); None: no block left."""
+        slab = getattr(self._local, "slab", None)  # [the block's bytes as lent here, bytes used, the block]
+        start = 0 if slab is None else -(-slab[1] // _ALIGN) * _ALIGN
+        # A slab the parent lost (retired) is left too: what is cut from it
+        # would travel as copies. (Ids are never reused: a stale read of
+        # _by_id here costs one such copy at most.)
+        if slab is None or start + nbytes > len(slab[0]) or slab[2].id not in self._by_id:
+            # The slab's loan here ends with the last batch cut from it.
+            self._local.slab = slab = None
+            lent = self._block_bytes(GRANULE)
+            if lent is None:
+                return None
+            with self._lock:
+                block = self._by_addr[lent.__array_interface__["data"][0]]
+            self._local.slab = slab = [lent, 0, block]
+            start = 0
+        slab[1] = start + nbytes
+        return slab[0][start:start + nbytes]
 
     def _block_bytes(self, nbytes: int) -> np.ndarray | None:
         """A loan of ``nbytes`` of a block (:meth:`take_bytes`), or None when :attr:`max_blocks` are all in use."""
@@ -135,6 +183,7 @@ class ChildArena(BufferPool):
         block = _Block(next(self._ids), tensor.untyped_storage(), tensor.numpy(), capacity)
         self._by_id[block.id] = block
         self._by_addr[tensor.data_ptr()] = block
+        bisect.insort(self._addrs, tensor.data_ptr())
         return block.array
 
     def _reusable(self, array: np.ndarray) -> bool:
@@ -147,10 +196,10 @@ class ChildArena(BufferPool):
         return True
 
     def _forget(self, array: np.ndarray) -> None:
-        block = self._by_addr.pop(array.__array_interface__["data"][0], None)
+        block = self._by_addr.get(array.__array_interface__["data"][0])
         if block is None:
             return
-        del self._by_id[block.id]
+        self._retire(block)
         if block.sent:
             self._forgotten.append(block.id)
 
@@ -180,7 +229,18 @@ class ChildArena(BufferPool):
     def _retire(self, block: _Block) -> None:
         # Caller holds the lock. Out of the arena: its memory goes with its
         # last reference here (see _reusable).
-        del self._by_id[block.id], self._by_addr[block.storage.data_ptr()]
+        address = block.storage.data_ptr()
+        del self._by_id[block.id], self._by_addr[address]
+        del self._addrs[bisect.bisect_left(self._addrs, address)]
+
+    def _holding(self, address: int) -> tuple[_Block, int] | tuple[None, int]:
+        """The block whose memory ``address`` is in, and the offset there (caller holds the lock)."""
+        i = bisect.bisect_right(self._addrs, address) - 1
+        if i >= 0:
+            block = self._by_addr[self._addrs[i]]
+            if address - self._addrs[i] < block.capacity:
+                return block, address - self._addrs[i]
+        return None, 0
 
     def reference(self, tensor: torch.Tensor, copies: "_Copies | None" = None,
                   ) -> tuple[_Block, tuple[Any, ...], torch.UntypedStorage | None] | None:
@@ -208,9 +268,9 @@ class ChildArena(BufferPool):
             return None
         storage = tensor.untyped_storage()
         nbytes, address = storage.nbytes(), storage.data_ptr()
-        start, into = 0, None
+        into = None
         with self._lock:
-            block = self._by_addr.get(address)
+            block, start = self._holding(address)
             if block is None and copies is not None:
                 placed = copies.placed.get(address)
                 if (placed is None and nbytes and tensor.numel() * tensor.element_size() == nbytes
@@ -282,6 +342,7 @@ class ChildArena(BufferPool):
             self._drop(len(self._free))
             self._by_id.clear()
             self._by_addr.clear()
+            self._addrs.clear()
 
     def dumps(self, obj: Any) -> tuple[bytes, tuple[Any, ...] | None]:
         """Pickle ``obj`` as ``ForkingPickler`` does, but its tensors in this arena as references.
@@ -439,7 +500,11 @@ class Mirror:
 
         Whatever fails, every block the result references goes back to the
         child: as released once the tensors made here are gone, or as lost
-        (never to be lent again) when this process could not map it.
+        (never to be lent again) when this process could not map it. A lost
+        block that results already sent name by id (a worker thread's slab
+        of small buffers, :meth:`ChildArena.take`) fails those results too,
+        with a ``RuntimeError`` saying so; the child, told with its next
+        job, cuts no more from it.
         """
         with self._lock:
             for i in forget:
@@ -447,7 +512,11 @@ class Mirror:
         try:
             firsts = ForkingPickler.loads(storages) if storages is not None else (None,) * len(metas)
         except BaseException:
-            self._lost([meta[0] for meta in metas])
+            # Only the blocks whose storage was in this message are lost; the
+            # result's loans of blocks mapped already just end.
+            with self._lock:
+                self._released.extend(meta[0] for meta in metas if meta[0] in self._blocks)
+                self._lost([meta[0] for meta in metas if meta[0] not in self._blocks])
             raise
         with self._lock:
             for meta, storage in zip(metas, firsts):
