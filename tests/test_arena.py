@@ -351,6 +351,18 @@ def test_past_max_blocks_small_buffers_get_fresh_shared_memory_too(ends):
     del held
 
 
+def test_small_copies_of_consecutive_results_share_the_threads_block_with_its_batch_buffers(ends):
+    # Images and int labels (default_collate's torch.tensor(labels), a copy):
+    # the labels' copies do not take a block per result.
+    arena, mirror = ends
+    results = [arena.dumps((_batch(arena, i), torch.arange(32) + i, _labels(arena, i))) for i in range(8)]
+    slabs = {meta[0] for _, refs in results for meta in refs[1][1:]}
+    assert len(slabs) == 1
+    for i, (data, refs) in enumerate(results):
+        image, copied, cut = loads(data, refs)
+        assert torch.all(image == i) and copied.tolist() == list(range(i, i + 32)) and torch.all(cut == i)
+
+
 def test_a_numpy_array_travels_as_a_copy_in_a_block_in_its_order(ends):
     # Pickled, it is copied into the pickle, through the pipe and out again.
     arena, mirror = ends

@@ -35,8 +35,8 @@ memory is an arena block, and those whose memory is all their own and not
 shared yet (labels, samples made in ``__getitem__``), copied into a block
 first, where torch's reduction would copy them into a fresh segment; and NumPy
 arrays of :data:`_ARRAY_MIN` bytes or more, copied into a block where pickle
-would copy them into the message. Small copies of one result share a block
-(:class:`_Copies`). The rest (shared memory, views of larger tensors,
+would copy them into the message. Copies smaller than a block are cut from
+the worker thread's slab too (:class:`_Copies`). The rest (shared memory, views of larger tensors,
 subclasses...) goes through torch's reductions and pickle as before.
 Past :attr:`ChildArena.max_blocks` blocks in use (a training loop keeping its
 batches), new batches get fresh shared memory, as DataLoader's do.
@@ -284,7 +284,7 @@ class ChildArena(BufferPool):
                 return None
             first = self._lend_to_parent(block)
         if into is not None:
-            torch.from_numpy(into[2][start:start + nbytes]).copy_(torch.empty(0, dtype=torch.uint8).set_(storage))
+            torch.from_numpy(into[2]).copy_(torch.empty(0, dtype=torch.uint8).set_(storage))
         layout = (tensor.storage_offset(), tuple(tensor.size()), tuple(tensor.stride()))
         return block, (block.id, start, nbytes, tensor.dtype, layout), first
 
@@ -308,8 +308,7 @@ class ChildArena(BufferPool):
             block, start, lent = placed
             first = self._lend_to_parent(block)
         order = "F" if array.flags.f_contiguous and not array.flags.c_contiguous else "C"
-        np.copyto(lent[start:start + nbytes].view(array.dtype).reshape(array.shape, order=order), array,
-                  casting="no")
+        np.copyto(lent.view(array.dtype).reshape(array.shape, order=order), array, casting="no")
         return block, (block.id, start, nbytes, array.dtype, (order, array.shape)), first
 
     def _lend_to_parent(self, block: _Block) -> torch.UntypedStorage | None:
@@ -387,39 +386,30 @@ def forking_dumps(obj: Any) -> bytes:
 class _Copies:
     """Where one result's copies went (:meth:`ChildArena.reference`).
 
-    Tensors that shared memory in the child share their copy; copies smaller
-    than a granule are packed into one block (a label tensor, many small
-    arrays of one sample): each block holds a file descriptor in both
+    Tensors that shared memory in the child share their copy. Copies smaller
+    than a granule (a label tensor, many small arrays of one sample) are cut
+    from the worker thread's slab, as small batch buffers are
+    (:meth:`ChildArena.take`): each block holds a file descriptor in both
     processes, so a result of many small tensors must not take a block each.
     """
 
-    __slots__ = ("placed", "_slab", "_used", "_loans")
+    __slots__ = ("placed", "_loans")
 
     def __init__(self) -> None:
-        #: a tensor storage's address here -> (block, byte offset in it, the block's bytes as lent here)
+        #: a tensor storage's address here -> (block, byte offset in it, the copy's bytes as lent here)
         self.placed: dict[int, tuple[_Block, int, np.ndarray]] = {}
-        self._slab: tuple[_Block, np.ndarray] | None = None
-        self._used = 0
-        # This process's loans of the blocks copied into: kept until the
-        # result is pickled, so that no block is lent again before its
-        # parent loans are counted.
+        # This process's loans of the copies: kept until the result is
+        # pickled, so that no block is lent again before its parent loans
+        # are counted.
         self._loans: list[np.ndarray] = []
 
     def place(self, arena: ChildArena, nbytes: int) -> tuple[_Block, int, np.ndarray] | None:
         """Room for a copy of ``nbytes`` (caller holds the arena's lock); None: none left."""
-        start = -(-self._used // _ALIGN) * _ALIGN
-        if nbytes < GRANULE and self._slab is not None and start + nbytes <= self._slab[0].capacity:
-            block, lent = self._slab
-        else:
-            lent = arena._block_bytes(max(nbytes, GRANULE))
-            if lent is None:
-                return None
-            self._loans.append(lent)
-            block, start = arena._by_addr[lent.__array_interface__["data"][0]], 0
-            if nbytes >= GRANULE:  # a block of its own; the small ones keep the current slab
-                return block, 0, lent
-            self._slab = (block, lent)
-        self._used = start + nbytes
+        lent = arena._cut(nbytes) if nbytes < GRANULE else arena._block_bytes(nbytes)
+        if lent is None:
+            return None
+        self._loans.append(lent)
+        block, start = arena._holding(lent.__array_interface__["data"][0])
         return block, start, lent
 
 
