@@ -36,8 +36,9 @@ shared yet (labels, samples made in ``__getitem__``), copied into a block
 first, where torch's reduction would copy them into a fresh segment; and NumPy
 arrays of :data:`_ARRAY_MIN` bytes or more, copied into a block where pickle
 would copy them into the message. Copies smaller than a block are cut from
-the worker thread's slab too (:class:`_Copies`). The rest (shared memory, views of larger tensors,
-subclasses...) goes through torch's reductions and pickle as before.
+the worker thread's slab too (:class:`_Copies`). The rest (shared memory,
+views of larger tensors, subclasses...) goes through torch's reductions and
+pickle as before.
 Past :attr:`ChildArena.max_blocks` blocks in use (a training loop keeping its
 batches), new batches get fresh shared memory, as DataLoader's do.
 """
@@ -109,7 +110,7 @@ class ChildArena(BufferPool):
         self._by_id: dict[int, _Block] = {}
         self._by_addr: dict[int, _Block] = {}  # keyed by the block's address
         self._addrs: list[int] = []  # the keys of _by_addr, sorted: which block holds an address
-        #: Per worker thread: ``slab``, [the block's bytes as lent here, bytes used].
+        #: Per worker thread: ``slab``, the block small buffers are cut from (see _cut).
         self._local = threading.local()
         self._ids = itertools.count()
         #: Ids of blocks this child let go of that the parent maps: it unmaps
