@@ -8,8 +8,11 @@ behaviour (through real child processes) is in ``test_procs.py``.
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import os
 import pickle
+import signal
 import threading
 from multiprocessing.reduction import ForkingPickler
 
@@ -17,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 
+from threadloader import _fork
 from threadloader._procs.arena import GRANULE, ChildArena, Mirror, loads, mirror_count
 
 
@@ -47,7 +51,7 @@ def _send(arena: ChildArena, obj):
 
 def _tell_child(arena: ChildArena, mirror: Mirror) -> None:
     gc.collect()
-    arena.parent_released(mirror.take_released())
+    arena.parent_released(*(mirror.take_released() or ((), ())))
 
 
 def test_a_batch_arrives_with_its_values_shape_and_strides(ends):
@@ -88,6 +92,77 @@ def test_a_block_is_lent_again_only_once_both_processes_let_go(ends):
     del b
     _tell_child(arena, mirror)
     assert _batch(arena, 3).data_ptr() == ptr, "the released block was not reused"
+
+
+def test_a_block_lent_when_this_process_forks_is_never_lent_again(ends):
+    # The forked process holds copies of the references, over its own mapping
+    # of the block: a batch the child built there later would show through.
+    arena, mirror = ends
+    got = _send(arena, _batch(arena, 7))
+    ptr = got.data_ptr()
+    block = arena._holding(ptr)[0].id
+    _send(arena, _batch(arena, 1))  # another block, let go of before the fork
+    gc.collect()
+    mirror.fork_holds_loans()
+    del got
+    _tell_child(arena, mirror)
+    assert block not in arena._by_id
+    assert block in mirror._blocks  # unmapped here when the child says so, with its next result
+    for i in range(20):
+        b = _batch(arena, i % 7)
+        assert b.data_ptr() != ptr, "lent again after the fork"
+        _send(arena, b)
+        del b
+        _tell_child(arena, mirror)
+    assert block not in mirror._blocks
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+@pytest.mark.parametrize("ours", [False, True])
+def test_a_fork_marks_the_blocks_lent_unless_it_starts_a_worker_process_of_ours(ends, ours):
+    arena, mirror = ends
+    got = _send(arena, _batch(arena, 7))
+    with _fork.forking_for(object()) if ours else contextlib.nullcontext():
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    released = mirror.take_released()
+    assert released == (None if ours else ((), (arena._holding(got.data_ptr())[0].id,)))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_process_forked_while_another_thread_holds_a_mirrors_lock_can_fork_and_let_go_in_turn(ends):
+    # The fork hook takes each mirror's lock: in a forked process the parent's
+    # mirrors' locks (held there by threads that do not exist) waited for ever.
+    arena, mirror = ends
+    box = [_send(arena, _batch(arena, 7))]
+    held, done = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with mirror._lock:
+            held.set()
+            done.wait()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait()
+    try:
+        with _fork.forking_for(object()):  # (here the hook would wait for the holder, which waits for us)
+            pid = os.fork()
+        if pid == 0:  # the child, from its only thread (a new one could take the holder's id)
+            signal.alarm(10)  # never wait for ever: killed by SIGALRM
+            grandchild = os.fork()
+            if grandchild == 0:
+                os._exit(0)
+            os.waitpid(grandchild, 0)
+            box.clear()  # its copy of the batch: the loan goes back
+            os._exit(0)
+    finally:
+        done.set()
+        holder.join()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
 
 
 def test_a_block_travels_once_then_by_id(ends):
@@ -366,16 +441,21 @@ def test_small_copies_of_consecutive_results_share_the_threads_block_with_its_ba
 def test_a_numpy_array_travels_as_a_copy_in_a_block_in_its_order(ends):
     # Pickled, it is copied into the pickle, through the pipe and out again.
     arena, mirror = ends
-    c = np.arange(3000, dtype=">i4").reshape(30, 100)  # 12 KB, big-endian
+    c = np.arange(3000, dtype=np.int32).reshape(30, 100)  # 12 KB
     f = np.asfortranarray(c.astype(np.float32))
     strided = c[:, ::2]
     small, objects = np.arange(10), np.array([1, "a"], dtype=object)  # pickled by value
-    data, refs = arena.dumps({"c": c, "f": f, "strided": strided, "small": small, "objects": objects, "again": c})
+    # Pickled by value too: pickle decides its byte order (as for DataLoader's results).
+    big_endian = c.astype(">i4")
+    data, refs = arena.dumps({"c": c, "f": f, "strided": strided, "small": small, "objects": objects, "again": c,
+                              "big_endian": big_endian})
     assert len(refs[1]) == 3
     got = _receive(data, refs)
     for key, sent in (("c", c), ("f", f), ("strided", strided)):
         assert np.array_equal(got[key], sent) and got[key].dtype == sent.dtype and got[key].shape == sent.shape
         assert got[key].flags.writeable and type(got[key]) is np.ndarray
+    assert np.array_equal(got["big_endian"], c)
+    assert got["big_endian"].dtype == ForkingPickler.loads(ForkingPickler.dumps(big_endian)).dtype
     assert got["f"].flags.f_contiguous and not got["f"].flags.c_contiguous and got["strided"].flags.c_contiguous
     assert got["again"] is got["c"]
     assert got["small"].tolist() == list(range(10)) and got["objects"].tolist() == [1, "a"]

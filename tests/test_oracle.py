@@ -17,7 +17,6 @@ from hypothesis import strategies as st
 from torch.utils.data import (
     BatchSampler,
     DataLoader,
-    RandomSampler,
     SequentialSampler,
     SubsetRandomSampler,
     WeightedRandomSampler,

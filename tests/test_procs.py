@@ -249,6 +249,97 @@ def test_unbatched_frames_and_arrays_reach_the_parent_in_shared_memory(convert):
         assert _in_shared_memory(torch.from_numpy(frame.numpy())) and _in_shared_memory(array)
 
 
+class _OverlappingStorages(Dataset):
+    """Two storages over one array, starting at the same address (``from_numpy`` of it and of its head)."""
+
+    def __init__(self, head_first: bool) -> None:
+        self.head_first = head_first
+
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, i: int):
+        array = np.arange(i, i + 1000, dtype=np.int64)  # 8 KB: a copy cut from the thread's slab
+        head, full = torch.from_numpy(array[:10]), torch.from_numpy(array)
+        return {"head": head, "full": full} if self.head_first else {"full": full, "head": head}
+
+
+@pytest.mark.parametrize("head_first", [True, False])
+def test_storages_starting_at_one_address_arrive_as_dataloaders_separate_copies(head_first):
+    # The copies were looked up by address: the second storage reused the
+    # first one's copy, reading past a 80-byte copy into the slab (memory of
+    # later results), or aliasing two tensors DataLoader delivers apart.
+    kwargs = dict(batch_size=None, num_workers=2)
+    expected = list(DataLoader(_OverlappingStorages(head_first), **kwargs))
+    held = []
+    loader = ThreadDataLoader(_OverlappingStorages(head_first), worker_processes=1, multiprocessing_context=FORK,
+                              **kwargs)
+    for got, want in zip(loader, expected, strict=True):
+        assert torch.equal(got["full"], want["full"]) and torch.equal(got["head"], want["head"])
+        held.append(got)
+    for got, want in zip(held, expected):  # nothing held was overwritten meanwhile
+        assert torch.equal(got["full"], want["full"]) and torch.equal(got["head"], want["head"])
+    got = held[0]
+    got["full"][0] = -7  # two copies, as DataLoader's workers move each storage to shared memory of its own
+    assert got["head"][0] == 0 and expected[0]["head"][0] == 0
+
+
+class _NonNativeArrays(Dataset):
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int):
+        return np.arange(i, i + (1024 if i % 2 == 0 else 16), dtype=">i4")  # 4 KB, 64 bytes
+
+
+def test_non_native_byte_order_arrays_arrive_as_from_dataloaders_workers():
+    # Pickle (DataLoader's way) may rebuild such an array in native order; the
+    # arena kept '>i4' for arrays of 4 KB and more, so the dtype depended on the size.
+    kwargs = dict(batch_size=None, num_workers=1, collate_fn=_as_is)
+    expected = list(DataLoader(_NonNativeArrays(), multiprocessing_context=FORK, **kwargs))
+    got = list(ThreadDataLoader(_NonNativeArrays(), worker_processes=1, multiprocessing_context=FORK, **kwargs))
+    for a, b in zip(got, expected, strict=True):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+
+
+class _RowsAndLabels(Dataset):
+    def __len__(self) -> int:
+        return 120
+
+    def __getitem__(self, i: int):
+        return torch.full((1000,), i), i  # batches of 4: rows in a block of their own, labels cut from a slab
+
+
+def _read_later(batch, out) -> None:
+    time.sleep(1.0)  # the training loop goes on meanwhile
+    out.send(to_list(batch))
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_batch_given_to_a_forked_process_is_never_overwritten(persistent):
+    # Say a process started with fork to save a batch while training goes on:
+    # it reads the batch through its own mapping of the arena's block, which
+    # the child would have filled with a later batch once the loop let go.
+    ctx = multiprocessing.get_context("fork")
+    kwargs = dict(batch_size=4, num_workers=1, persistent_workers=persistent)
+    expected = list(DataLoader(_RowsAndLabels(), **kwargs))
+    receive, send = ctx.Pipe(duplex=False)
+    loader = ThreadDataLoader(_RowsAndLabels(), worker_processes=1, multiprocessing_context=FORK, **kwargs)
+    for epoch in range(2):
+        it = iter(loader)
+        first = next(it)
+        saver = ctx.Process(target=_read_later, args=(first, send))
+        saver.start()
+        del first
+        for i, batch in enumerate(it, start=1):
+            assert to_list(batch) == to_list(expected[i])
+            time.sleep(0.01)
+        saved = receive.recv()
+        saver.join()
+        assert saved == to_list(expected[0]), epoch
+    del it, loader
+
+
 class _ManyKeys(Dataset):
     def __len__(self) -> int:
         return 96

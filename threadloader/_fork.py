@@ -28,7 +28,7 @@ import threading
 import weakref
 from typing import Any, Iterator
 
-__all__ = ["forking_for", "private_fd", "release_private_fd", "renew_after_fork", "renew_lock_after_fork"]
+__all__ = ["forking_for", "forking_own_child", "private_fd", "release_private_fd", "renew_after_fork", "renew_lock_after_fork"]
 
 
 #: Objects (modules too) whose lock attributes are renewed in a forked child, with those attributes' names.
@@ -71,6 +71,11 @@ def forking_for(owner: object) -> Iterator[None]:
         yield
     finally:
         _forking.owner = None
+
+
+def forking_own_child() -> bool:
+    """Whether a fork by this thread now starts a child of ours (within :func:`forking_for`)."""
+    return getattr(_forking, "owner", None) is not None
 
 
 def _after_fork_in_child() -> None:

@@ -33,7 +33,7 @@ lies (:meth:`ChildArena._holding`).
 Only plain CPU tensors travel by reference (the pickler checks): those whose
 memory is an arena block, and those whose memory is all their own and not
 shared yet (labels, samples made in ``__getitem__``), copied into a block
-first, where torch's reduction would copy them into a fresh segment; and NumPy
+first, where torch's reduction would move them into a fresh segment; and NumPy
 arrays of :data:`_ARRAY_MIN` bytes or more, copied into a block where pickle
 would copy them into the message. Copies smaller than a block are cut from
 the worker thread's slab too (:class:`_Copies`). The rest (shared memory,
@@ -60,7 +60,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import _torch_compat
+from .. import _fork, _torch_compat
 from .._pool import BufferPool, nbytes_of
 
 __all__ = ["ChildArena", "Mirror", "discard", "forking_dumps", "loads", "mirror_count"]
@@ -204,13 +204,24 @@ class ChildArena(BufferPool):
         if block.sent:
             self._forgotten.append(block.id)
 
-    def parent_released(self, ids: tuple[int, ...]) -> None:
+    def parent_released(self, ids: tuple[int, ...], forked: tuple[int, ...] = ()) -> None:
         """The parent let go of one batch in each of these blocks (ids repeat for several).
 
         An id ``-1 - i`` is block ``i``'s batch that the parent could not
         receive: the parent does not map that block, so it is never lent again.
+
+        Args:
+            forked: blocks a process forked from the parent may still read
+                (see :meth:`Mirror.fork_holds_loans`): never lent again, and
+                the parent unmaps them when it reads them (with the next
+                result). First, so that no release below puts one back.
         """
         with self._lock:
+            for i in forked:
+                block = self._by_id.get(i)
+                if block is not None:
+                    self._retire(block)
+                    self._forgotten.append(i)
             for i in ids:
                 lost = i < 0
                 block = self._by_id.get(-1 - i if lost else i)
@@ -249,8 +260,10 @@ class ChildArena(BufferPool):
 
         A plain CPU tensor whose memory is not shared yet and is all its own
         (a label tensor, a sample made in ``__getitem__``) is copied into a
-        block first: torch's reduction would copy it into a fresh
-        shared-memory segment and pass its descriptor to the parent. A
+        block first: torch's reduction would move it into a fresh
+        shared-memory segment (in place: a tensor the dataset returns again
+        would then travel as that segment, aliased in the parent; here it
+        arrives as a new copy each time) and pass its descriptor. A
         tensor over shared memory keeps torch's way (no copy, the parent's
         tensor aliases it), and so does a view of a larger tensor (torch
         moves that storage to shared memory once; copying it whole for every
@@ -273,12 +286,16 @@ class ChildArena(BufferPool):
         with self._lock:
             block, start = self._holding(address)
             if block is None and copies is not None:
-                placed = copies.placed.get(address)
+                # By the storage, not its address: two storages can start at
+                # one address (from_numpy of an array and of its first rows)
+                # and DataLoader's workers move each to shared memory of its own.
+                placed = copies.placed.get(id(storage))
                 if (placed is None and nbytes and tensor.numel() * tensor.element_size() == nbytes
                         and not storage.is_shared()):
                     placed = into = copies.place(self, nbytes)
                     if placed is not None:
-                        copies.placed[address] = placed
+                        copies.placed[id(storage)] = placed
+                        copies.storages.append(storage)  # its id stays its own while pickling
                 if placed is not None:
                     block, start, _ = placed
             if block is None or start + nbytes > block.capacity:
@@ -300,7 +317,9 @@ class ChildArena(BufferPool):
         (:data:`_ARRAY_MIN`), which pickle cheaper.
         """
         nbytes = array.nbytes
-        if nbytes < _ARRAY_MIN or array.dtype.hasobject:
+        # Not native byte order: pickle rebuilds some such dtypes in native
+        # order, as DataLoader's results arrive; pickling keeps that.
+        if nbytes < _ARRAY_MIN or array.dtype.hasobject or not array.dtype.isnative:
             return None
         with self._lock:
             placed = copies.place(self, nbytes)
@@ -394,11 +413,13 @@ class _Copies:
     processes, so a result of many small tensors must not take a block each.
     """
 
-    __slots__ = ("placed", "_loans")
+    __slots__ = ("placed", "storages", "_loans")
 
     def __init__(self) -> None:
-        #: a tensor storage's address here -> (block, byte offset in it, the copy's bytes as lent here)
+        #: id of a tensor storage here -> (block, byte offset in it, the copy's bytes as lent here)
         self.placed: dict[int, tuple[_Block, int, np.ndarray]] = {}
+        #: Those storages, kept until the result is pickled: no other takes their ids meanwhile.
+        self.storages: list[torch.UntypedStorage] = []
         # This process's loans of the copies: kept until the result is
         # pickled, so that no block is lent again before its parent loans
         # are counted.
@@ -482,6 +503,8 @@ class Mirror:
         # reference alive so that its callback runs.
         self._loans: dict[int, tuple[weakref.ref, int]] = {}
         self._released: collections.deque[int] = collections.deque()
+        #: Blocks lent when this process forked, to be retired by the child (see fork_holds_loans).
+        self._forked: set[int] = set()
         with _mirrors_lock:
             _mirrors[self.token] = self
 
@@ -550,12 +573,29 @@ class Mirror:
             if entry is not None:
                 self._released.append(entry[1])
 
-    def take_released(self) -> tuple[int, ...]:
-        """What to tell the child (see :meth:`ChildArena.parent_released`): one id per batch let go of."""
+    def fork_holds_loans(self) -> None:
+        """This process is forking (not a worker process of ours): the blocks lent now are never to be lent again.
+
+        The forked process has copies of the references to them, over its own
+        mapping of the same shared memory, so a batch the child built there
+        later would show through (DataLoader's batches are never reused). The
+        child retires them when told (:meth:`take_released`).
+        """
         with self._lock:
-            ids = tuple(self._released)
+            self._forked.update(block_id for _, block_id in self._loans.values())
+
+    def take_released(self) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+        """What to tell the child (:meth:`ChildArena.parent_released`'s arguments), None if nothing.
+
+        One id per batch let go of, and the blocks a fork holds.
+        """
+        with self._lock:
+            if not self._released and not self._forked:
+                return None
+            ids, forked = tuple(self._released), tuple(self._forked)
             self._released.clear()
-        return ids
+            self._forked.clear()
+        return ids, forked
 
     def close(self) -> None:
         """Stop rebuilding this child's results; tensors already lent keep their memory (idempotent)."""
@@ -564,6 +604,33 @@ class Mirror:
         with self._lock:
             self._blocks.clear()
             self._released.clear()
+
+
+def _forking() -> None:
+    # Before the fork and after it in this process: a loan that ends in
+    # another thread meanwhile was still alive at the fork. Our own worker
+    # processes never read another child's batches.
+    if _fork.forking_own_child():
+        return
+    with _mirrors_lock:
+        mirrors = list(_mirrors.values())
+    for mirror in mirrors:  # each lock on its own: no order between the two
+        mirror.fork_holds_loans()
+
+
+def _forked_child() -> None:
+    # A forked process is not the loader's: the mirrors are not its own (it
+    # receives nothing), and their locks may have been held by threads that
+    # do not exist here; its copies of lent batches still give loans back.
+    global _mirrors, _mirrors_lock
+    for mirror in _mirrors.values():
+        mirror._lock = threading.RLock()
+    _mirrors = {}
+    _mirrors_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_forking, after_in_parent=_forking, after_in_child=_forked_child)
 
 
 class _ArenaUnpickler(pickle.Unpickler):

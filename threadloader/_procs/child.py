@@ -133,7 +133,7 @@ def child_main(
                 return
             worker_id, job = msg
             if worker_id == RELEASED:
-                arena.parent_released(job)
+                arena.parent_released(*job)
             elif worker_id == NEW_EPOCH:
                 pool.new_epoch(job)
             else:

@@ -262,7 +262,7 @@ class ProcessPool:
             raise RuntimeError(self.failure or STOPPED_MESSAGE)
         child = self._by_worker[worker_id]
         released = child.mirror.take_released()
-        if released:  # the batch buffers the consumer let go of: the child may reuse them
+        if released is not None:  # the batch buffers the consumer let go of: the child may reuse them
             child.jobs.put((RELEASED, released))
         child.jobs.put((worker_id, job))
 

@@ -32,8 +32,8 @@ __all__ = ["NEW_EPOCH", "TOO_MANY_OPEN_FILES", "Death", "Parcel", "ParcelQueue",
            "WorkerExitStandIn", "out_of_fds"]
 
 #: Control messages on a child's job queue (besides ``(worker_id, job)`` and
-#: None): ``(NEW_EPOCH, generation)``; ``(RELEASED, block ids)``, arena blocks
-#: the loader's process let go of.
+#: None): ``(NEW_EPOCH, generation)``; ``(RELEASED, (block ids, forked ids))``,
+#: arena blocks the loader's process let go of (``Mirror.take_released``).
 NEW_EPOCH = -1
 RELEASED = -2
 
