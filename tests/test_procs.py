@@ -885,6 +885,44 @@ def test_a_forked_copy_freed_in_a_child_leaves_the_owners_workers_alone():
     assert "can only join a child process" not in proc.stderr
 
 
+FORKED_PERSISTENT = textwrap.dedent(
+    """
+    import os, signal, sys
+    from threadloader import ThreadDataLoader
+
+    extra = {"worker_processes": 1, "multiprocessing_context": "fork"} if sys.argv[1] == "processes" else {}
+    loader = ThreadDataLoader(list(range(6)), batch_size=2, num_workers=2, persistent_workers=True, **extra)
+    epoch = [b.tolist() for b in loader]
+    it = iter(loader)
+    next(it)  # the parent's second epoch has begun
+    pid = os.fork()
+    if pid == 0:
+        signal.alarm(30)  # never wait for ever: SIGALRM ends the child
+        try:
+            next(it)
+            os._exit(3)
+        except RuntimeError as e:
+            if "call iter(loader) here" not in str(e):
+                os._exit(4)
+        os._exit(0 if [b.tolist() for b in loader] == epoch == [b.tolist() for b in loader] else 5)
+    _, status = os.waitpid(pid, 0)
+    print(os.waitstatus_to_exitcode(status), [b.tolist() for b in loader] == epoch)
+    """
+)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+@pytest.mark.parametrize("mode", ["threads", "processes"])
+def test_a_persistent_loader_iterated_in_a_forked_process_gets_workers_of_its_own(mode):
+    # The forked copy waited for ever for the parent's workers (a dataset
+    # holding a loader warmed up in the parent, used in DataLoader's forked
+    # workers). Its iterator says so at once; iter(loader) starts its own.
+    proc = subprocess.run([sys.executable, "-c", FORKED_PERSISTENT, mode], capture_output=True, text=True,
+                          timeout=90)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["0", "True"], proc.stderr
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 @pytest.mark.parametrize("module,name", [
     ("threadloader.frames", "_publish_lock"),  # held by worker threads as they publish resized frames

@@ -28,7 +28,8 @@ import threading
 import weakref
 from typing import Any, Iterator
 
-__all__ = ["forking_for", "forking_own_child", "private_fd", "release_private_fd", "renew_after_fork", "renew_lock_after_fork"]
+__all__ = ["forking_for", "forking_own_child", "private_fd", "release_private_fd", "renew_after_fork",
+           "renew_lock_after_fork"]
 
 
 #: Objects (modules too) whose lock attributes are renewed in a forked child, with those attributes' names.

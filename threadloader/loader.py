@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import weakref
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
@@ -109,6 +110,12 @@ class ThreadDataLoader(DataLoader[_T_co]):
         self._defer_checkpoint_errors = False
 
     def __iter__(self) -> Iterator[Any]:
+        stale = self._iterator
+        if stale is not None and getattr(stale, "owner_pid", None) not in (None, os.getpid()):
+            # persistent_workers in a forked process: the workers are the
+            # parent's, whose next epoch no one here would serve. Workers of
+            # its own instead (its copy stops nothing of the parent's).
+            self._iterator = None
         plan, self._resume_plan = self._resume_plan, None
         if plan is None:
             it = super().__iter__()

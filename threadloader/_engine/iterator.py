@@ -24,6 +24,7 @@ threads nor the pool reference the iterator object, so dropping the iterator
 from __future__ import annotations
 
 import itertools
+import os
 import queue
 import time
 import weakref
@@ -73,6 +74,8 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
 
     def __init__(self, loader: Any, plan: ResumePlan | None = None) -> None:
         init_base_iterator(self, loader)
+        #: The process whose threads (or worker processes) serve this iterator.
+        self.owner_pid = os.getpid()
         if plan is not None:
             # Replay the interrupted epoch: its base seed, then its random
             # states, so the sampler draws exactly what it drew then.
@@ -158,6 +161,10 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
         return self._step()
 
     def _step(self) -> Any:
+        if self.owner_pid != os.getpid():
+            # A forked process's copy: no worker would ever answer it here.
+            raise RuntimeError(f"this DataLoader iterator's workers are those of process {self.owner_pid}, "
+                               "not of this forked one: call iter(loader) here")
         if self._sampler_iter is None:
             self._reset()  # type: ignore[call-arg]  # as torch does
         data = self._next_data()
