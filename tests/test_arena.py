@@ -21,7 +21,8 @@ import pytest
 import torch
 
 from threadloader import _fork
-from threadloader._procs.arena import GRANULE, ChildArena, Mirror, loads, mirror_count
+from threadloader._procs.arena import GRANULE, ChildArena
+from threadloader._procs.mirror import Mirror, loads, mirror_count
 
 
 @pytest.fixture

@@ -1260,7 +1260,7 @@ def test_frame_batches_from_processes_reuse_their_buffers_and_never_overwrite_a_
     import functools
 
     from threadloader import frame_collate
-    from threadloader._procs.arena import mirror_count
+    from threadloader._procs.mirror import mirror_count
 
     mirrors = mirror_count()
     collate = functools.partial(frame_collate, normalize=((0.5,), (0.25,))) if normalize else frame_collate
@@ -1288,7 +1288,7 @@ def test_frame_batches_from_processes_reuse_their_buffers_and_never_overwrite_a_
 
 def test_a_stopped_pool_leaves_no_mirror_and_its_batches_stay_readable():
     from threadloader import frame_collate
-    from threadloader._procs.arena import mirror_count
+    from threadloader._procs.mirror import mirror_count
 
     mirrors = mirror_count()
     loader = ThreadDataLoader(_Frames(), batch_size=8, num_workers=2, worker_processes=2, collate_fn=frame_collate,
@@ -1357,7 +1357,7 @@ GC_IN_RECEIVER_CHILD = textwrap.dedent(
     import torch
     from torch.utils.data import Dataset
     from threadloader import ThreadDataLoader
-    from threadloader._procs.arena import mirror_count
+    from threadloader._procs.mirror import mirror_count
 
     class Collecting(BaseException):  # ends its worker thread; unpickled by a receiver: a collection runs there
         def __reduce__(self):

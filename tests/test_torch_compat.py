@@ -98,6 +98,24 @@ def test_private_names_exist():
     assert fetcher.fetch([2, 0]) == [7, 5]
 
 
+def test_the_base_iterator_has_the_state_and_methods_our_iterators_use():
+    loader = tud.DataLoader(range(10), batch_size=3)
+    it = compat.BaseDataLoaderIter(loader)
+    missing = [name for name in compat.BASE_ITER_STATE if name not in vars(it)]
+    assert missing == []
+    assert all(callable(getattr(compat.BaseDataLoaderIter, name, None)) for name in compat.BASE_ITER_METHODS)
+    assert list(it._sampler_iter) == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
+
+
+def test_aten_ops_taking_generator_are_the_random_ones():
+    names = compat.aten_ops_taking_generator()
+    assert {"normal", "randint", "randperm", "bernoulli", "multinomial", "rand"} <= names
+    assert not {"add", "mul", "empty"} & names
+    # functions and methods a function mode sees are found through the namespaces
+    found = {getattr(ns, name, None) for ns in compat.OP_NAMESPACES for name in names}
+    assert {torch.normal, torch.randint, torch.Tensor.bernoulli_, torch.Tensor.random_} <= found
+
+
 def test_pin_memory_passthrough_without_accelerator():
     data = {"x": torch.ones(2)}
     if not torch.accelerator.is_available():

@@ -5,7 +5,8 @@ start with it held for ever (the forking thread is the only one there), and
 its first use would hang: a ``worker_processes`` loader (or a DataLoader)
 started with ``fork`` while another loader's threads run, say. Module-level
 locks are named by module (:func:`renew_after_fork`), an object's own locks by
-the object (:func:`renew_lock_after_fork`, held weakly). The buffer pools reset
+the object (:func:`renew_lock_after_fork`, held weakly); each is renewed as its
+own kind (a reentrant lock stays reentrant). The buffer pools reset
 more than their lock and register their own hook (:mod:`threadloader._pool`).
 
 A forked child also holds a copy of every file descriptor open at the fork,
@@ -39,15 +40,19 @@ _private_fds: dict[int, object] = {}
 #: Guards both registries (renewed in a child: another thread may have held it at the fork).
 _guard = threading.Lock()
 _forking = threading.local()
+_RLock = type(threading.RLock())
 
 
 def renew_after_fork(module_name: str, *names: str) -> None:
-    """Give the ``threading.Lock`` attributes ``names`` of module ``module_name`` new locks in every forked child."""
+    """Give the lock attributes ``names`` of module ``module_name`` new locks in every forked child."""
     renew_lock_after_fork(sys.modules[module_name], *names)
 
 
 def renew_lock_after_fork(obj: Any, *names: str) -> None:
-    """Give ``obj``'s ``threading.Lock`` attributes ``names`` new locks in every forked child, while ``obj`` lives."""
+    """Give ``obj``'s lock attributes ``names`` new locks in every forked child, while ``obj`` lives.
+
+    Each is renewed as its kind: ``threading.RLock`` or ``threading.Lock``.
+    """
     with _guard:
         _object_locks[obj] = names
 
@@ -84,7 +89,8 @@ def _after_fork_in_child() -> None:
     _guard = threading.Lock()
     for obj, names in list(_object_locks.items()):
         for name in names:
-            setattr(obj, name, threading.Lock())
+            kind = threading.RLock if isinstance(getattr(obj, name), _RLock) else threading.Lock
+            setattr(obj, name, kind())
     _drop_private_fds()
 
 

@@ -120,21 +120,12 @@ def is_numpy_generator(value: Any) -> bool:
 
 # --- torch functions without a generator argument --------------------------------
 
-def _aten_ops_with_generator() -> set[str]:
-    names = set()
-    for schema in torch._C._jit_get_all_schemas():
-        if schema.name.startswith("aten::") and any("Generator" in str(a.type) for a in schema.arguments):
-            names.add(schema.name[len("aten::"):])
-    # Generator methods, not samplers.
-    return names - {"manual_seed", "seed", "initial_seed"}
-
-
 def _functions_taking_generator() -> frozenset:
     """Every torch callable a TorchFunctionMode can see that accepts ``generator=``."""
     found = set()
-    namespaces = [torch, torch.Tensor, torch._C._VariableFunctions, torch._C._nn, torch.special]
-    for name in _aten_ops_with_generator():
-        for ns in namespaces:
+    # Generator methods, not samplers.
+    for name in _torch_compat.aten_ops_taking_generator() - {"manual_seed", "seed", "initial_seed"}:
+        for ns in _torch_compat.OP_NAMESPACES:
             fn = getattr(ns, name, None)
             if callable(fn):
                 found.add(fn)

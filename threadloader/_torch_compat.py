@@ -43,6 +43,8 @@ from torch.utils.data._utils import worker as _worker
 
 __all__ = [
     "BaseDataLoaderIter",
+    "BASE_ITER_STATE",
+    "BASE_ITER_METHODS",
     "SingleProcessDataLoaderIter",
     "DatasetKind",
     "ExceptionWrapper",
@@ -57,11 +59,20 @@ __all__ = [
     "set_process_worker_info",
     "process_worker_info",
     "set_worker_signal_handlers",
+    "aten_ops_taking_generator",
+    "OP_NAMESPACES",
 ]
 
 #: torch's base iterator: draws the base seed, builds the sampler iterator,
 #: emits pin_memory warnings and the IterableDataset length warning.
 BaseDataLoaderIter = _dl._BaseDataLoaderIter
+#: The state our iterators (subclasses of it) read from it, as ``BaseDataLoaderIter.__init__`` sets it,
+#: and the methods they call or override (tests check that this torch has them all).
+BASE_ITER_STATE = ("_dataset", "_dataset_kind", "_IterableDataset_len_called", "_auto_collation", "_drop_last",
+                   "_index_sampler", "_sampler_iter", "_num_workers", "_pin_memory", "_pin_memory_device",
+                   "_timeout", "_collate_fn", "_base_seed", "_persistent_workers", "_num_yielded",
+                   "_profile_name")
+BASE_ITER_METHODS = ("_next_index", "_next_data", "_reset")
 #: torch's ``num_workers=0`` iterator (loads in the calling thread).
 SingleProcessDataLoaderIter = _dl._SingleProcessDataLoaderIter
 DatasetKind = _dl._DatasetKind
@@ -385,6 +396,19 @@ set_worker_signal_handlers: Callable[[], None] = _signal_handling._set_worker_si
 
 
 # --- torch function modes (the worker-thread RNG routing is one) -------------------
+
+def aten_ops_taking_generator() -> set[str]:
+    """The names (without ``aten::``) of torch's operators that take a ``Generator`` argument.
+
+    Read from torch's registry of operator schemas.
+    """
+    return {schema.name[len("aten::"):] for schema in torch._C._jit_get_all_schemas()
+            if schema.name.startswith("aten::") and any("Generator" in str(a.type) for a in schema.arguments)}
+
+
+#: Where torch's operators are Python callables a function mode sees (functions and methods).
+OP_NAMESPACES: tuple[Any, ...] = (torch, torch.Tensor, torch._C._VariableFunctions, torch._C._nn, torch.special)
+
 
 def top_function_mode() -> Any:
     """The innermost torch function mode active in the calling thread, or None."""

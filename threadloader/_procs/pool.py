@@ -7,7 +7,7 @@ Worker ``w`` lives in process ``w % P``: tasks go to workers round robin (as in
 DataLoader), so consecutive tasks go to different processes. What a child runs
 is in :mod:`.child`; ``default_collate`` and ``frame_collate`` build batches
 there in the child's arena of shared-memory blocks (:mod:`.arena`), which this
-process maps once per block (each child's :class:`~.arena.Mirror`): a batch
+process maps once per block (each child's :class:`~.mirror.Mirror`): a batch
 travels as its block's id, and the ids of the blocks the consumer let go of go
 back with the child's next job (:mod:`.wire`).
 
@@ -45,7 +45,7 @@ from .. import _fork, _torch_compat
 from .._engine.pool import JOIN_BUDGET_S
 from .._engine.worker_loop import _CRASHED, _DATA, _DIED, STOPPED_MESSAGE, ProcessDeath, _Config, pin_task
 from .._torch_compat import ExceptionWrapper
-from .arena import Mirror
+from .mirror import Mirror
 from .child import POLL_S, child_main
 from .counters import COLUMNS, CPU, ArrayCounters
 from .wire import NEW_EPOCH, RELEASED, Parcel, ReceiveError

@@ -25,8 +25,8 @@ from .. import _context
 from .._torch_compat import ExceptionWrapper
 from .._engine.worker_loop import _DATA, _DIED
 from .arena import forking_dumps as _dumps
-from .arena import discard as arena_discard
-from .arena import loads as arena_loads
+from .mirror import discard as arena_discard
+from .mirror import loads as arena_loads
 
 __all__ = ["NEW_EPOCH", "TOO_MANY_OPEN_FILES", "Death", "Parcel", "ParcelQueue", "ReceiveError",
            "WorkerExitStandIn", "out_of_fds"]

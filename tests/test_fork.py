@@ -1,0 +1,56 @@
+"""threadloader._fork: what a forked child renews."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+
+import pytest
+
+from threadloader import _fork
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+
+
+class _Guarded:
+    def __init__(self) -> None:
+        self.plain = threading.Lock()
+        self.reentrant = threading.RLock()
+        _fork.renew_lock_after_fork(self, "plain", "reentrant")
+
+
+def test_locks_held_by_another_thread_at_a_fork_are_free_in_the_child_and_keep_their_kind() -> None:
+    guarded = _Guarded()
+    held, done = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with guarded.plain, guarded.reentrant:
+            held.set()
+            done.wait()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait()
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child's only thread: a new thread could reuse the holder's id
+            code = 1
+            try:
+                signal.alarm(10)  # a lock still held would wait for ever
+                with guarded.plain:
+                    pass
+                with guarded.reentrant, guarded.reentrant:  # still reentrant
+                    pass
+                plain_kind = type(guarded.plain) is type(threading.Lock())
+                code = 0 if plain_kind and not guarded.plain.locked() else 2
+            finally:
+                sys.stdout.flush()
+                os._exit(code)
+    finally:
+        done.set()
+        holder.join()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert type(guarded.reentrant) is type(threading.RLock())  # the parent's are untouched
