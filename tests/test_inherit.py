@@ -35,7 +35,7 @@ def caller_state(mode: str):
     modes = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode, "enable_grad": torch.enable_grad}
     token = USER_VAR.set("set by the caller")
     try:
-        with modes[mode](), np.errstate(divide="raise"), decimal.localcontext(prec=50):
+        with modes[mode](), np.errstate(divide="raise"), decimal.localcontext(decimal.Context(prec=50)):
             yield
     finally:
         USER_VAR.reset(token)
@@ -110,7 +110,7 @@ class ChangesDecimal(Dataset):
 
 def test_a_workers_changes_to_the_decimal_context_stay_in_the_worker():
     # The inherited context is the worker's own copy, as in a worker process.
-    with decimal.localcontext(prec=40) as ctx:
+    with decimal.localcontext(decimal.Context(prec=40)) as ctx:
         assert list(ThreadDataLoader(ChangesDecimal(), batch_size=None, num_workers=2)) == [7, 7]
         assert ctx.prec == 40 and decimal.getcontext() is ctx
         assert ctx.traps[decimal.DivisionByZero]

@@ -598,6 +598,9 @@ def test_generators_in_namedtuples_ordered_dicts_and_partials_are_each_workers_o
 class _Seeded(random.Random):
     """A generator subclass whose constructor needs arguments (deepcopy cannot rebuild it)."""
 
+    def __new__(cls, *args):  # (Python 3.10's Random.__new__ refuses two arguments; __init__ seeds)
+        return super().__new__(cls)
+
     def __init__(self, seed, name):
         super().__init__(seed)
         self.name = name

@@ -116,6 +116,31 @@ def test_aten_ops_taking_generator_are_the_random_ones():
     assert {torch.normal, torch.randint, torch.Tensor.bernoulli_, torch.Tensor.random_} <= found
 
 
+def _calls_twice():
+    x = 1
+    print(x)
+    return len([x])
+
+
+def test_call_site_line_on_instructions_without_positions(monkeypatch):
+    # Python 3.10's dis.Instruction has no `positions`: the line comes from starts_line.
+    import collections
+    import dis
+
+    first = _calls_twice.__code__.co_firstlineno
+    assert compat._call_site_line(_calls_twice, "len") == first + 3
+    old = collections.namedtuple("Instruction", "opname argval starts_line")
+    real = dis.get_instructions
+
+    def starts_line(i):  # the line an instruction starts, or None (a bool and line_number from 3.13)
+        return (i.line_number if i.starts_line else None) if isinstance(i.starts_line, bool) else i.starts_line
+
+    monkeypatch.setattr(dis, "get_instructions", lambda code: [
+        old(i.opname, i.argval, starts_line(i)) for i in real(code)])
+    assert compat._call_site_line(_calls_twice, "print") == first + 2
+    assert compat._call_site_line(_calls_twice, "len") == first + 3
+
+
 def test_pin_memory_passthrough_without_accelerator():
     data = {"x": torch.ones(2)}
     if not torch.accelerator.is_available():

@@ -190,9 +190,14 @@ def _call_site_line(func: Callable, callee: str) -> int:
     code = getattr(func, "__code__", None)
     if code is None:  # pragma: no cover - not a Python function
         return 1
+    line = code.co_firstlineno
     for instr in dis.get_instructions(code):
-        if instr.argval == callee and instr.positions is not None and instr.positions.lineno:
-            return instr.positions.lineno
+        if hasattr(instr, "positions"):  # Python 3.11+
+            line = instr.positions.lineno or line
+        else:  # 3.10: an instruction that starts a line carries its number
+            line = instr.starts_line or line
+        if instr.argval == callee:
+            return line
     return code.co_firstlineno  # pragma: no cover - torch moved the call
 
 
