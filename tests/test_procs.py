@@ -618,54 +618,6 @@ def test_persistent_loader_raises_the_crash_again_next_epoch():
     del loader
 
 
-def test_a_persistent_loaders_next_epoch_names_every_dead_worker_process_as_dataloader_does():
-    loader = ThreadDataLoader(Slow(20, 0.01), batch_size=2, num_workers=4, worker_processes=2,
-                              persistent_workers=True, multiprocessing_context=FORK)
-    list(loader)
-    victims = loader._iterator._pool.pids
-    for pid in reversed(victims):
-        os.kill(pid, signal.SIGKILL)
-    for child in loader._iterator._pool._children:
-        child.process.join(timeout=10)
-    message = rf"^DataLoader worker \(pid\(s\) {victims[0]}, {victims[1]}\) exited unexpectedly$"
-    for _ in range(2):
-        with pytest.raises(RuntimeError, match=message):
-            list(loader)
-    del loader
-
-
-def test_a_pool_stopped_on_the_thread_that_feeds_a_childs_jobs_does_not_wait_for_that_child(monkeypatch):
-    # A garbage collection can run a dropped iterator's stop() on the thread of
-    # a child's jobs queue that pickles the jobs: the None telling that child
-    # to stop would leave only after stop() returned, and stop() waited out
-    # the children's budget for it.
-    from threadloader._procs import pool as pool_module
-    from threadloader._procs.wire import NEW_EPOCH
-
-    monkeypatch.setattr(pool_module, "JOIN_BUDGET_S", 60.0)
-    it = iter(ThreadDataLoader(Squares(8), batch_size=2, num_workers=1, worker_processes=1,
-                               multiprocessing_context=FORK))
-    next(it)
-    pool = it._pool
-    took: list[float] = []
-
-    class StopsThePool:
-        def __reduce__(self):  # runs on the feeder thread
-            start = time.monotonic()
-            pool.stop()
-            took.append(time.monotonic() - start)
-            return tuple, ((NEW_EPOCH, pool.generation),)
-
-    child = pool._children[0]
-    child.jobs.put(StopsThePool())
-    deadline = time.monotonic() + 120
-    while not took and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert took and took[0] < 30  # not the 61 s budget
-    assert not child.process.is_alive()
-    del it
-
-
 def test_workers_keep_answering_after_the_iterator_stops():
     def states(cls, **kw):
         it = iter(cls(Squares(6), batch_size=2, num_workers=2, multiprocessing_context=FORK, **kw))
