@@ -9,6 +9,7 @@ import signal
 import threading
 import time
 from types import ModuleType
+from typing import Any, Iterator
 
 import pytest
 import torch
@@ -192,3 +193,25 @@ def outcomes(loader, limit: int = 12, death: str = "exited unexpectedly") -> lis
             assert re.search(death, str(e)), e
             out.append("exited")
     return out
+
+
+@contextlib.contextmanager
+def held_by_another_thread(*locks: Any) -> Iterator[None]:
+    """Within this block another thread holds ``locks`` (to fork while they are held)."""
+    held, done = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with contextlib.ExitStack() as stack:
+            for lock in locks:
+                stack.enter_context(lock)
+            held.set()
+            done.wait()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait()
+    try:
+        yield
+    finally:
+        done.set()
+        holder.join()

@@ -24,6 +24,8 @@ from threadloader import _fork
 from threadloader._procs.arena import GRANULE, ChildArena
 from threadloader._procs.mirror import Mirror, loads, mirror_count
 
+from helpers import held_by_another_thread
+
 
 @pytest.fixture
 def ends():
@@ -138,17 +140,7 @@ def test_a_process_forked_while_another_thread_holds_a_mirrors_lock_can_fork_and
     # mirrors' locks (held there by threads that do not exist) waited for ever.
     arena, mirror = ends
     box = [_send(arena, _batch(arena, 7))]
-    held, done = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        with mirror._lock:
-            held.set()
-            done.wait()
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    held.wait()
-    try:
+    with held_by_another_thread(mirror._lock):
         with _fork.forking_for(object()):  # (here the hook would wait for the holder, which waits for us)
             pid = os.fork()
         if pid == 0:  # the child, from its only thread (a new one could take the holder's id)
@@ -159,9 +151,6 @@ def test_a_process_forked_while_another_thread_holds_a_mirrors_lock_can_fork_and
             os.waitpid(grandchild, 0)
             box.clear()  # its copy of the batch: the loan goes back
             os._exit(0)
-    finally:
-        done.set()
-        holder.join()
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
 

@@ -11,6 +11,8 @@ import pytest
 
 from threadloader import _fork
 
+from helpers import held_by_another_thread
+
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 
 
@@ -23,17 +25,7 @@ class _Guarded:
 
 def test_locks_held_by_another_thread_at_a_fork_are_free_in_the_child_and_keep_their_kind() -> None:
     guarded = _Guarded()
-    held, done = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        with guarded.plain, guarded.reentrant:
-            held.set()
-            done.wait()
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    held.wait()
-    try:
+    with held_by_another_thread(guarded.plain, guarded.reentrant):
         pid = os.fork()
         if pid == 0:  # the child's only thread: a new thread could reuse the holder's id
             code = 1
@@ -48,9 +40,6 @@ def test_locks_held_by_another_thread_at_a_fork_are_free_in_the_child_and_keep_t
             finally:
                 sys.stdout.flush()
                 os._exit(code)
-    finally:
-        done.set()
-        holder.join()
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert type(guarded.reentrant) is type(threading.RLock())  # the parent's are untouched
