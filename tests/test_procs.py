@@ -22,6 +22,7 @@ import sys
 import textwrap
 import threading
 import time
+import types
 import warnings
 from multiprocessing import forkserver, resource_tracker
 from pathlib import Path
@@ -616,6 +617,46 @@ def test_persistent_loader_raises_the_crash_again_next_epoch():
             list(loader)
         assert str(info.value.__cause__) == cause
     del loader
+
+
+def test_a_persistent_loaders_next_epoch_names_every_dead_worker_process_as_dataloader_does():
+    # The test's join() reaps the children while their receivers poll them:
+    # a receiver must still see its child's death, not a broken channel.
+    loader = ThreadDataLoader(Slow(20, 0.01), batch_size=2, num_workers=4, worker_processes=2,
+                              persistent_workers=True, multiprocessing_context=FORK)
+    list(loader)
+    processes = loader._iterator._workers
+    victims = loader._iterator._pool.pids
+    for pid in reversed(victims):
+        os.kill(pid, signal.SIGKILL)
+    for process in processes:
+        process.join(timeout=10)
+    del processes
+    message = rf"^DataLoader worker \(pid\(s\) {victims[0]}, {victims[1]}\) exited unexpectedly$"
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match=message):
+            list(loader)
+    del loader
+
+
+def test_a_child_reaped_by_someone_else_is_still_seen_dead(monkeypatch):
+    # multiprocessing's exitcode reads None for a process that another thread
+    # (or os.waitpid) reaped: the receiver took its death for a broken pipe.
+    from threadloader._procs import pool as pool_module
+
+    monkeypatch.setattr(pool_module, "EXIT_CODE_WAIT_S", 0.05)
+    process = multiprocessing.get_context(FORK).Process(target=time.sleep, args=(60,), daemon=True)
+    process.start()
+    child = types.SimpleNamespace(process=process)  # what _exited reads of a pool's child
+    assert not pool_module._exited(child, timeout=0.0)
+    os.kill(process.pid, signal.SIGKILL)
+    os.waitpid(process.pid, 0)  # reaped outside multiprocessing
+    assert process.exitcode is None  # what multiprocessing still says
+    assert pool_module._exited(child, timeout=0.0)
+    assert pool_module._exit_code(child) is None
+    assert pool_module._crash_message(process.pid, None) == f"DataLoader worker (pid {process.pid}) exited unexpectedly."
+    process._popen.returncode = -signal.SIGKILL  # what its reaper would have set: close() frees its sentinel
+    process.close()
 
 
 def test_workers_keep_answering_after_the_iterator_stops():

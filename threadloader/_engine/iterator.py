@@ -407,9 +407,10 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
 
     def _refusal(self) -> RuntimeError:
         """Why a persistent iterator with dead workers serves no further epoch."""
-        processes = sorted({d for d in self._dead_workers.values() if d is not None})
+        # Every dead worker process, in worker order, as DataLoader names its failed workers.
+        processes = sorted({d for d in self._dead_workers.values() if d is not None}, key=lambda d: d.worker_ids)
         if processes:
-            return processes[0].error()
+            return processes[0].error(*processes[1:])
         ids = ", ".join(str(w) for w in sorted(self._dead_workers))
         return RuntimeError(f"DataLoader worker (thread(s) {ids}) exited unexpectedly")
 

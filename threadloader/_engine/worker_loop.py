@@ -51,13 +51,17 @@ SYNC_TASK = -1
 class ProcessDeath(NamedTuple):
     """A ``_DIED`` payload: a worker process died, and with it all its worker threads."""
 
-    message: str  # DataLoader's "exited unexpectedly" error, raised once for them all
+    pid: int
     worker_ids: tuple[int, ...]
     detail: str = ""  # how it died, in torch's words: the error's cause
 
-    def error(self) -> RuntimeError:
-        """The error to raise, chained as DataLoader chains it (from its SIGCHLD handler's error)."""
-        error = RuntimeError(self.message)
+    def error(self, *others: "ProcessDeath") -> RuntimeError:
+        """DataLoader's "exited unexpectedly" error for this death (and ``others``), raised once for them all.
+
+        Chained as DataLoader chains it, from this death's detail (its SIGCHLD handler's error).
+        """
+        pids = ", ".join(str(death.pid) for death in (self, *others))
+        error = RuntimeError(f"DataLoader worker (pid(s) {pids}) exited unexpectedly")
         if self.detail:
             error.__cause__ = RuntimeError(self.detail)
         return error

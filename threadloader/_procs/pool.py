@@ -35,6 +35,7 @@ import queue
 import signal
 import threading
 import time
+from multiprocessing import connection as mp_connection
 from typing import Any
 
 import numpy as np
@@ -51,6 +52,9 @@ from .counters import COLUMNS, CPU, ArrayCounters
 from .wire import NEW_EPOCH, RELEASED, Parcel, ReceiveError
 
 __all__ = ["ProcessPool", "check_worker_processes"]
+
+#: How long a dead child's exit code may take to appear when another thread reaps it.
+EXIT_CODE_WAIT_S = 1.0
 
 #: DataLoader's warning when starting a worker process fails to pickle its
 #: arguments (torch.utils.data.dataloader), word for word.
@@ -300,8 +304,7 @@ class ProcessPool:
         ``detail``, once, where the first task they left undone was due, and
         goes on with the other processes' workers.
         """
-        pid = child.process.pid
-        death = ProcessDeath(f"DataLoader worker (pid(s) {pid}) exited unexpectedly", tuple(child.worker_ids), detail)
+        death = ProcessDeath(child.process.pid, tuple(child.worker_ids), detail)
         self.results.put((_DIED, self.generation, -1, child.worker_ids[0], death))
 
     def fail(self, message: str) -> None:
@@ -397,12 +400,12 @@ def _receive_one(pool: ProcessPool, child: _Child, pid: int) -> bool:
     except queue.Empty:
         if pool.stopping:
             return False
-        if child.process.exitcode is not None:
+        if _exited(child, timeout=0.0):
             # Re-check: results it posted just before dying are delivered first.
             if not child.results.empty():
                 return True
             if not pool.stopping:
-                pool.child_died(child, _crash_message(pid, child.process.exitcode))
+                pool.child_died(child, _crash_message(pid, _exit_code(child)))
             return False
         return True
     except Exception as exc:  # noqa: BLE001 - the channel itself broke (payloads fail as their task: Parcel)
@@ -449,19 +452,39 @@ def _failed_if_died(pool: ProcessPool, child: _Child, pid: int, detail: str = ""
     if not _exited(child):
         return False
     if not pool.stopping:
-        crash = _crash_message(pid, child.process.exitcode)
+        crash = _crash_message(pid, _exit_code(child))
         pool.child_died(child, f"{crash.rstrip()} {detail}".strip() if detail else crash)
     return True
 
 
-def _exited(child: _Child) -> bool:
-    """Whether ``child`` has exited, waiting up to :data:`POLL_S` for it."""
-    child.process.join(timeout=POLL_S)
-    return child.process.exitcode is not None
+def _exited(child: _Child, timeout: float = POLL_S) -> bool:
+    """Whether ``child`` has exited, waiting up to ``timeout`` seconds for it.
+
+    Its sentinel answers as well as ``exitcode``: ``exitcode`` and ``join()``
+    read as "running" while another thread reaps the same process (a user's
+    ``join()`` on ``loader._workers``, ``multiprocessing.active_children()``):
+    that thread's ``waitpid`` has it, this one's fails with ECHILD.
+    ``exitcode`` still counts: a grandchild forked from the child holds its
+    sentinel open after the child's death.
+    """
+    process = child.process
+    return bool(mp_connection.wait([process.sentinel], timeout)) or process.exitcode is not None
 
 
-def _crash_message(pid: int, exitcode: int) -> str:
+def _exit_code(child: _Child) -> int | None:
+    """The exit code of ``child``, which has exited (None: reaped by someone else, unknown)."""
+    # Set by whichever thread reaped it, a moment after its sentinel became
+    # ready; never, if something outside multiprocessing reaped it.
+    deadline = time.monotonic() + EXIT_CODE_WAIT_S
+    while (code := child.process.exitcode) is None and time.monotonic() < deadline:
+        time.sleep(0.001)
+    return code
+
+
+def _crash_message(pid: int, exitcode: int | None) -> str:
     """How a worker process died, in the words of torch's check of its workers (empty for exit code 0)."""
+    if exitcode is None:  # reaped outside multiprocessing: how it died is lost
+        return f"DataLoader worker (pid {pid}) exited unexpectedly."
     if exitcode < 0:
         name = signal.strsignal(-exitcode) or f"Unknown signal {-exitcode}"
         text = f"DataLoader worker (pid {pid}) is killed by signal: {name}. "
