@@ -659,6 +659,40 @@ def test_a_child_reaped_by_someone_else_is_still_seen_dead(monkeypatch):
     process.close()
 
 
+def test_a_pool_stopped_on_the_thread_that_feeds_a_childs_jobs_does_not_wait_for_that_child(monkeypatch):
+    # A garbage collection can run a dropped iterator's stop() on the thread of
+    # a child's jobs queue that pickles the jobs: the None telling that child
+    # to stop would leave only after stop() returned, and stop() waited out
+    # the children's budget for it.
+    from threadloader._procs import pool as pool_module
+    from threadloader._procs.wire import NEW_EPOCH
+
+    monkeypatch.setattr(pool_module, "JOIN_BUDGET_S", 60.0)
+    it = iter(ThreadDataLoader(Squares(8), batch_size=2, num_workers=1, worker_processes=1,
+                               multiprocessing_context=FORK))
+    next(it)
+    pool = it._pool
+    to_stop = [pool]  # emptied when used: nothing else holds the pool once the test ends
+    took: list[float] = []
+
+    class StopsThePool:
+        def __reduce__(self):  # runs on the feeder thread
+            start = time.monotonic()
+            stopped = to_stop.pop()
+            stopped.stop()
+            took.append(time.monotonic() - start)
+            return tuple, ((NEW_EPOCH, stopped.generation),)
+
+    child = pool._children[0]
+    child.jobs.put(StopsThePool())
+    deadline = time.monotonic() + 120
+    while not took and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert took and took[0] < 30  # not the 61 s budget
+    assert not child.process.is_alive()
+    del it, pool, child
+
+
 def test_workers_keep_answering_after_the_iterator_stops():
     def states(cls, **kw):
         it = iter(cls(Squares(6), batch_size=2, num_workers=2, multiprocessing_context=FORK, **kw))

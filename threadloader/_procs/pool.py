@@ -325,11 +325,17 @@ class ProcessPool:
             # owner's. Stopping them from here would end the owner's epoch.
             return
         started = [c for c in self._children if c.process is not None and c.process.pid is not None]
+        current = threading.current_thread()
         for child in started:
             try:
                 child.jobs.put(None)
             except (OSError, ValueError):  # pragma: no cover - queue already closed
                 pass
+            if getattr(child.jobs, "_thread", None) is current:  # multiprocessing.Queue's feeder (not public API)
+                # Stopped by a garbage collection on the thread that feeds this
+                # child its jobs (pickling them): the None above leaves only once
+                # this returns. SIGTERM tells the child now (it unwinds and exits).
+                child.process.terminate()
         # A child stops its threads within JOIN_BUDGET_S, then exits.
         deadline = time.monotonic() + JOIN_BUDGET_S + 1.0
         for child in started:
@@ -343,7 +349,6 @@ class ProcessPool:
                 # Bounded: a child in uninterruptible sleep (a dead NFS mount)
                 # dies only when that ends; DataLoader does not wait for it either.
                 child.process.join(timeout=5.0)
-        current = threading.current_thread()
         receivers_deadline = time.monotonic() + JOIN_BUDGET_S + POLL_S  # one wait for them all
         for child in self._children:
             # Whatever its receiver does: a result it still unpickles now fails
