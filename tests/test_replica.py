@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import gc
 import random
+import threading
 import time
 
 import numpy as np
@@ -22,6 +23,8 @@ from torch.utils.data import DataLoader, Dataset, default_collate
 
 from threadloader import ThreadDataLoader
 from threadloader._replica import worker_dataset, worker_parts
+
+from conftest import wait_no_worker_threads
 
 
 class _Jitter:
@@ -287,3 +290,40 @@ def test_a_copy_finalized_closes_its_own_handles_not_the_datasets(tmp_path, pers
     assert _ClosesInDel.closed == ["own", "own"] * (1 if persistent else 2)  # each copy closed its own, once
     ds.__del__()
     assert ds.f.closed
+
+
+class _BlocksInGetitem(_ClosesInDel):
+    """Index 1 waits for ``gate``: its worker is still in ``__getitem__`` when the loop breaks."""
+
+    gate = threading.Event()
+
+    def __getitem__(self, i: int) -> int:
+        value = super().__getitem__(i)
+        if i == 1:
+            self.gate.wait(timeout=30)
+        return value
+
+
+def test_a_copy_whose_thread_outlives_the_stop_is_finalized_by_that_thread(tmp_path, monkeypatch):
+    # stop() gives up on a thread still in user code after JOIN_BUDGET_S; its
+    # copy was then left to the collector, whose __del__ closed the original's file.
+    from threadloader._engine import pool as pool_module
+
+    monkeypatch.setattr(pool_module, "JOIN_BUDGET_S", 0.05)
+    path = tmp_path / "data.bin"
+    path.write_bytes(bytes(range(64)))
+    ds = _BlocksInGetitem(path)
+    _BlocksInGetitem.gate.clear()
+    _ClosesInDel.closed.clear()
+    loader = ThreadDataLoader(ds, batch_size=1, num_workers=2)
+    for _ in loader:
+        break  # worker 1 waits in __getitem__(1): stop() leaves it running
+    assert _ClosesInDel.closed == ["own"]  # worker 0's copy, retired by stop()
+    _BlocksInGetitem.gate.set()
+    assert not wait_no_worker_threads()
+    gc.collect()
+    assert _ClosesInDel.closed == ["own", "own"]  # worker 1's copy, retired by its thread
+    assert not ds.f.closed
+    assert [b.tolist() for b in loader] == [[i] for i in range(8)]
+    del loader
+    ds.__del__()

@@ -43,6 +43,38 @@ def _stop_threads(shared: _Shared, threads: list[threading.Thread]) -> None:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
+def _run_worker(caller: Any, shared: _Shared, cfg: _Config, worker_id: int, parts_of: dict[int, Any],
+                finished: set[int]) -> None:
+    """Body of a worker thread: the worker loop on its copies, which it retires itself if it outlives stop()."""
+    try:
+        inherit.run_inheriting(caller, _worker_main, shared, cfg, worker_id, parts_of[worker_id])
+    finally:
+        # _retire_finished retires the copies of the threads done when the
+        # pool stops. One still in user code then (a slow __getitem__ past
+        # JOIN_BUDGET_S) is done with its copies only now: left to the
+        # collector, their __del__ would run with the attributes they share
+        # (closing the original's file). Marked done before reading
+        # ``stopping``, which stop() sets before reading the marks: one of
+        # the two sees the other.
+        finished.add(worker_id)
+        if shared.stopping:
+            _retire_once(parts_of, worker_id)
+
+
+def _retire_once(parts_of: dict[int, Any], worker_id: int) -> None:
+    """Retire ``worker_id``'s copies unless already done (by the pool or by its thread: whoever pops them)."""
+    parts = parts_of.pop(worker_id, None)  # atomic, GIL or not: exactly one caller gets them
+    if parts is not None:
+        retire(parts)
+
+
+def _retire_finished(parts_of: dict[int, Any], threads: dict[int, threading.Thread], finished: set[int]) -> None:
+    """After ``stopping`` is set: retire the copies of every worker done with them (or never started)."""
+    for worker_id, thread in threads.items():
+        if worker_id in finished or thread.ident is None:
+            _retire_once(parts_of, worker_id)
+
+
 class ThreadPool:
     """Worker threads for some of a loader's worker ids (all of them, or one process's share).
 
@@ -77,12 +109,13 @@ class ThreadPool:
         # Each worker starts as a forked worker process would: in the grad
         # mode and contextvars of the thread starting the pool (threadloader._engine.inherit).
         caller = inherit.capture()
-        self._threads = [
-            threading.Thread(target=inherit.run_inheriting,
-                             args=(caller, _worker_main, shared, cfg, w, parts[w]),
-                             name=f"threadloader-worker-{w}", daemon=True)
+        self._finished: set[int] = set()  # workers whose thread is done with its copies
+        self._by_id = {
+            w: threading.Thread(target=_run_worker, args=(caller, shared, cfg, w, parts, self._finished),
+                                name=f"threadloader-worker-{w}", daemon=True)
             for w in worker_ids
-        ]
+        }
+        self._threads = list(self._by_id.values())
         started: list[threading.Thread] = []
         try:
             for thread in self._threads:
@@ -90,6 +123,7 @@ class ThreadPool:
                 started.append(thread)
         except BaseException:
             _stop_threads(shared, started)  # the ones running would wait for jobs for ever
+            _retire_finished(parts, self._by_id, self._finished)
             raise
 
     @property
@@ -130,8 +164,7 @@ class ThreadPool:
     def stop(self) -> None:
         """Stop and join the threads (idempotent), dropping undelivered results."""
         _stop_threads(self._shared, self._threads)
-        for worker_id, thread in zip(self.replicas, self._threads):  # both in worker order
-            if worker_id in self._parts and not thread.is_alive():  # one still running keeps using its copies
-                retire(self._parts.pop(worker_id))
+        # One still running retires its copies when it ends (_run_worker).
+        _retire_finished(self._parts, self._by_id, self._finished)
         if self._owns_results:
             _drain(self.results)
