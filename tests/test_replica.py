@@ -327,3 +327,27 @@ def test_a_copy_whose_thread_outlives_the_stop_is_finalized_by_that_thread(tmp_p
     assert [b.tolist() for b in loader] == [[i] for i in range(8)]
     del loader
     ds.__del__()
+
+
+def test_the_copies_of_a_pool_whose_threads_fail_to_start_are_finalized(tmp_path, monkeypatch):
+    # Under a thread limit iter() raises; the copies made for the workers
+    # (started or not) must not be left to the collector, whose __del__ would
+    # close the original's file.
+    real_start = threading.Thread.start
+
+    def start(thread):
+        if thread.name == "threadloader-worker-1":
+            raise RuntimeError("can't start new thread")
+        real_start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    path = tmp_path / "data.bin"
+    path.write_bytes(bytes(range(64)))
+    ds = _ClosesInDel(path)
+    _ClosesInDel.closed.clear()
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        iter(ThreadDataLoader(ds, batch_size=2, num_workers=2))
+    assert not wait_no_worker_threads()
+    gc.collect()
+    assert _ClosesInDel.closed == [] and not ds.f.closed
+    ds.__del__()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import Any
+from typing import Any, Iterable
 
 from .._replica import retire, worker_parts
 from ..stats import WorkerCounters
@@ -68,9 +68,14 @@ def _retire_once(parts_of: dict[int, Any], worker_id: int) -> None:
         retire(parts)
 
 
-def _retire_finished(parts_of: dict[int, Any], threads: dict[int, threading.Thread], finished: set[int]) -> None:
-    """After ``stopping`` is set: retire the copies of every worker done with them (or never started)."""
-    for worker_id, thread in threads.items():
+def _retire_finished(parts_of: dict[int, Any], threads: Iterable[tuple[int, threading.Thread]],
+                     finished: set[int]) -> None:
+    """After ``stopping`` is set: retire the copies of every worker done with them (or never started).
+
+    Args:
+        threads: ``(worker_id, thread)`` pairs.
+    """
+    for worker_id, thread in threads:
         if worker_id in finished or thread.ident is None:
             _retire_once(parts_of, worker_id)
 
@@ -110,12 +115,11 @@ class ThreadPool:
         # mode and contextvars of the thread starting the pool (threadloader._engine.inherit).
         caller = inherit.capture()
         self._finished: set[int] = set()  # workers whose thread is done with its copies
-        self._by_id = {
-            w: threading.Thread(target=_run_worker, args=(caller, shared, cfg, w, parts, self._finished),
-                                name=f"threadloader-worker-{w}", daemon=True)
+        self._threads = [
+            threading.Thread(target=_run_worker, args=(caller, shared, cfg, w, parts, self._finished),
+                             name=f"threadloader-worker-{w}", daemon=True)
             for w in worker_ids
-        }
-        self._threads = list(self._by_id.values())
+        ]
         started: list[threading.Thread] = []
         try:
             for thread in self._threads:
@@ -123,7 +127,7 @@ class ThreadPool:
                 started.append(thread)
         except BaseException:
             _stop_threads(shared, started)  # the ones running would wait for jobs for ever
-            _retire_finished(parts, self._by_id, self._finished)
+            _retire_finished(parts, zip(self.replicas, self._threads), self._finished)  # both in worker order
             raise
 
     @property
@@ -165,6 +169,6 @@ class ThreadPool:
         """Stop and join the threads (idempotent), dropping undelivered results."""
         _stop_threads(self._shared, self._threads)
         # One still running retires its copies when it ends (_run_worker).
-        _retire_finished(self._parts, self._by_id, self._finished)
+        _retire_finished(self._parts, zip(self.replicas, self._threads), self._finished)  # both in worker order
         if self._owns_results:
             _drain(self.results)
