@@ -14,7 +14,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import Any, Iterable
+from typing import Any
 
 from .._replica import retire, worker_parts
 from ..stats import WorkerCounters
@@ -49,7 +49,7 @@ def _run_worker(caller: Any, shared: _Shared, cfg: _Config, worker_id: int, part
     try:
         inherit.run_inheriting(caller, _worker_main, shared, cfg, worker_id, parts_of[worker_id])
     finally:
-        # _retire_finished retires the copies of the threads done when the
+        # ThreadPool._retire_finished retires the copies of the threads done when the
         # pool stops. One still in user code then (a slow __getitem__ past
         # JOIN_BUDGET_S) is done with its copies only now: left to the
         # collector, their __del__ would run with the attributes they share
@@ -66,18 +66,6 @@ def _retire_once(parts_of: dict[int, Any], worker_id: int) -> None:
     parts = parts_of.pop(worker_id, None)  # atomic, GIL or not: exactly one caller gets them
     if parts is not None:
         retire(parts)
-
-
-def _retire_finished(parts_of: dict[int, Any], threads: Iterable[tuple[int, threading.Thread]],
-                     finished: set[int]) -> None:
-    """After ``stopping`` is set: retire the copies of every worker done with them (or never started).
-
-    Args:
-        threads: ``(worker_id, thread)`` pairs.
-    """
-    for worker_id, thread in threads:
-        if worker_id in finished or thread.ident is None:
-            _retire_once(parts_of, worker_id)
 
 
 class ThreadPool:
@@ -127,8 +115,14 @@ class ThreadPool:
                 started.append(thread)
         except BaseException:
             _stop_threads(shared, started)  # the ones running would wait for jobs for ever
-            _retire_finished(parts, zip(self.replicas, self._threads), self._finished)  # both in worker order
+            self._retire_finished()
             raise
+
+    def _retire_finished(self) -> None:
+        """After ``stopping`` is set: retire the copies of every worker done with them (or never started)."""
+        for worker_id, thread in zip(self.replicas, self._threads):  # both in worker order
+            if worker_id in self._finished or thread.ident is None:
+                _retire_once(self._parts, worker_id)
 
     @property
     def generation(self) -> int:
@@ -169,6 +163,6 @@ class ThreadPool:
         """Stop and join the threads (idempotent), dropping undelivered results."""
         _stop_threads(self._shared, self._threads)
         # One still running retires its copies when it ends (_run_worker).
-        _retire_finished(self._parts, zip(self.replicas, self._threads), self._finished)  # both in worker order
+        self._retire_finished()
         if self._owns_results:
             _drain(self.results)
