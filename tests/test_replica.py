@@ -296,10 +296,12 @@ class _BlocksInGetitem(_ClosesInDel):
     """Index 1 waits for ``gate``: its worker is still in ``__getitem__`` when the loop breaks."""
 
     gate = threading.Event()
+    entered = threading.Event()  # set once index 1's worker is waiting
 
     def __getitem__(self, i: int) -> int:
         value = super().__getitem__(i)
         if i == 1:
+            self.entered.set()
             self.gate.wait(timeout=30)
         return value
 
@@ -314,11 +316,20 @@ def test_a_copy_whose_thread_outlives_the_stop_is_finalized_by_that_thread(tmp_p
     path.write_bytes(bytes(range(64)))
     ds = _BlocksInGetitem(path)
     _BlocksInGetitem.gate.clear()
+    _BlocksInGetitem.entered.clear()
     _ClosesInDel.closed.clear()
     loader = ThreadDataLoader(ds, batch_size=1, num_workers=2)
     for _ in loader:
+        # On a busy machine worker 1 may not have started its task yet:
+        # stop() would then find it idle, its copy with no file of its own.
+        assert _BlocksInGetitem.entered.wait(timeout=30)
         break  # worker 1 waits in __getitem__(1): stop() leaves it running
-    assert _ClosesInDel.closed == ["own"]  # worker 0's copy, retired by stop()
+    # Worker 0's copy, retired by stop() (or, on a busy machine, by worker 0
+    # itself just after the join budget ran out).
+    deadline = time.monotonic() + 10
+    while _ClosesInDel.closed != ["own"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _ClosesInDel.closed == ["own"]
     _BlocksInGetitem.gate.set()
     assert not wait_no_worker_threads()
     gc.collect()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import warnings
 
 import pytest
 
@@ -215,3 +216,18 @@ def test_make_worker_info_fills_the_dataclass_fields_this_torch_has():
     if "worker_method" in fields:
         assert info.worker_method == "thread"
     assert info.seed == 6
+
+
+def test_datapipe_worker_copy_is_the_whole_graph_anew_in_torchs_wrapper():
+    from torch.utils.data import DataLoader
+    from torch.utils.data.datapipes.iter import IterableWrapper
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        loader = DataLoader(IterableWrapper(range(4)).map(lambda x: x + 1), batch_size=None)
+    dataset = loader.dataset  # DataLoader wrapped the graph
+    copy = compat.datapipe_worker_copy(dataset)
+    assert type(copy) is type(dataset) and copy is not dataset
+    assert copy._datapipe is not dataset._datapipe  # the pipes: a worker's own
+    assert copy._datapipe.fn is dataset._datapipe.fn  # the lambda: shared, not pickled
+    assert list(copy) == list(dataset) == [1, 2, 3, 4]

@@ -37,6 +37,8 @@ import torch
 from torch.utils.data import ChainDataset, ConcatDataset, Subset
 
 from . import _rng
+from ._datapipes import is_datapipe
+from ._torch_compat import datapipe_worker_copy
 
 __all__ = ["WorkerParts", "retire", "worker_dataset", "worker_parts"]
 
@@ -366,6 +368,8 @@ class _Build:
         try:
             if make is not None:
                 own = make(value)
+            elif key in self.datasets and is_datapipe(value):
+                own = datapipe_worker_copy(value)  # its pipes are shard and iterator state: all the worker's
             elif key in self.datasets:
                 own = self._object(value, dataset=True)
             else:

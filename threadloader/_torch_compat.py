@@ -24,6 +24,7 @@ Two behaviours of torch have to be adjusted for worker *threads*:
 
 from __future__ import annotations
 
+import copy
 import threading
 import types
 import warnings
@@ -425,3 +426,24 @@ def top_function_mode() -> Any:
 pop_function_mode: Callable[[], Any] = torch._C._pop_torch_function_stack
 #: Put a mode back on the calling thread's torch function mode stack.
 push_function_mode: Callable[[Any], None] = torch._C._push_on_torch_function_stack
+
+
+# --- DataPipes (torch.utils.data.datapipes) -------------------------------------
+
+def datapipe_worker_copy(dataset: Any) -> Any:
+    """A worker's own copy of a DataPipe dataset: the whole graph, deep-copied.
+
+    DataLoader wraps a DataPipe in ``_IterDataPipeSerializationWrapper`` (or
+    its map-style twin); a worker process gets the graph it wraps by pickling
+    (or forking), so every worker has its own pipes to shard, seed and iterate
+    (one iterator per pipe is all a DataPipe allows). The wrapper's own
+    pickling would refuse lambdas where fork does not: the graph inside is
+    deep-copied instead (functions are kept, as deepcopy keeps them).
+    """
+    inner = getattr(dataset, "_datapipe", None)
+    if isinstance(dataset, _DATAPIPE_WRAPPERS) and inner is not None:
+        return type(dataset)(copy.deepcopy(inner))
+    return copy.deepcopy(dataset)
+
+
+_DATAPIPE_WRAPPERS: tuple[type, ...] = (_dl._IterDataPipeSerializationWrapper, _dl._MapDataPipeSerializationWrapper)

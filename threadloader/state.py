@@ -106,15 +106,21 @@ class EpochStart:
     # torch's global RNG too, when the loader has a generator but a sampler
     # may draw from the global one (see draws_from_global_rng).
     global_rng_state: torch.Tensor | None = None
+    # An iterable DataPipe's shared seed for the epoch (its workers' random
+    # pipes) when it was drawn before the states above (an iterator's first
+    # epoch); None: the epoch draws it first from them (persistent workers' later epochs).
+    shared_seed: int | None = None
 
     @classmethod
-    def capture(cls, loader: Any, base_seed: int, dataset_state: Any = None) -> "EpochStart":
+    def capture(cls, loader: Any, base_seed: int, dataset_state: Any = None,
+                shared_seed: int | None = None) -> "EpochStart":
         """Record the loader's random states now.
 
         Args:
             dataset_state: the IterableDataset's state read earlier with
                 :func:`dataset_state_of` (before an iterator was made from
                 it); None reads it now.
+            shared_seed: the epoch's DataPipe seed, when already drawn.
         """
         gen = loader.generator
         rng_state = gen.get_state() if gen is not None else torch.get_rng_state()
@@ -132,7 +138,7 @@ class EpochStart:
             dataset_state = dataset_state_of(loader.dataset)
         global_state = torch.get_rng_state() if gen is not None and draws_from_global_rng(loader) else None
         return cls(int(base_seed), rng_state, sampler_generators, sampler_states, dataset_state, sampler_epochs,
-                   global_state)
+                   global_state, shared_seed)
 
     def check(self) -> None:
         """A checkpoint of this epoch needs every ``state_dict()`` taken at its start.
@@ -442,6 +448,8 @@ def _check_start(start: Any, name: str) -> None:
         raise _bad(f"{name} has unknown keys {sorted(unknown)}")
     if not isinstance(start["base_seed"], int):
         raise _bad(f"{name}.base_seed is not an int")
+    if not isinstance(start.get("shared_seed"), (int, type(None))):
+        raise _bad(f"{name}.shared_seed is not an int or None")
     _check_rng_state(start["rng_state"], f"{name}.rng_state")
     if start.get("global_rng_state") is not None:
         _check_rng_state(start["global_rng_state"], f"{name}.global_rng_state")

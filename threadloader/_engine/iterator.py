@@ -33,6 +33,7 @@ from typing import Any, Callable, NoReturn
 import torch
 from torch.autograd.profiler import record_function
 
+from .._datapipes import is_datapipe, peek_shared_seed, sharding_init_fn
 from .._pool import decode_pool, host_pool
 from .._torch_compat import (BaseDataLoaderIter, DatasetKind, ExceptionWrapper, init_base_iterator, profiler_enabled,
                              warn_iterable_length)
@@ -82,8 +83,15 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
             self._base_seed = plan.start.base_seed
             plan.start.apply(loader)
             self._epoch_start = plan.start
+            if self._shared_seed is not None:
+                # A DataPipe's seed: the one drawn before the epoch's start was
+                # captured (an iterator's first epoch), or else the one the
+                # epoch drew first from there, in DataLoader's _reset.
+                if plan.start.shared_seed is None:
+                    plan.start.shared_seed = peek_shared_seed(loader.generator)
+                self._shared_seed = plan.start.shared_seed
         else:
-            self._epoch_start = EpochStart.capture(loader, self._base_seed)
+            self._epoch_start = EpochStart.capture(loader, self._base_seed, shared_seed=self._shared_seed)
         self._plan = plan
         self._prefetch_factor = loader.prefetch_factor
         self._in_order = loader.in_order
@@ -104,12 +112,15 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
             collate_fn=self._collate_fn,
             drop_last=self._drop_last,
             base_seed=self._base_seed,
-            init_fn=loader.worker_init_fn,
+            # DataLoader shards a DataPipe in a worker_init_fn of its own, run before the user's.
+            init_fn=(sharding_init_fn(loader.worker_init_fn, self._world_size, self._rank)
+                     if is_datapipe(self._dataset) else loader.worker_init_fn),
             num_workers=self._num_workers,
             pin=self._pin_memory,
             pin_device=self._pin_memory_device,
             device_index=device_index,
             items_per_task=(loader.batch_size or 1) if self._auto_collation else 1,
+            shared_seed=self._shared_seed,
         )
         self._failure: str | None = None
         self._shutdown = False  # DataLoader's iterator attribute: True once its workers are shut down
@@ -213,7 +224,9 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
         self._sampler_done = False
         self._deaths: dict[int, RuntimeError] = {}  # worker -> its death, not raised yet
         if not first_iter:
-            self._pool.new_epoch()  # results of the old epoch are dropped on arrival
+            # Results of the old epoch are dropped on arrival. super()._reset
+            # drew a DataPipe's seed for this epoch (None for other datasets).
+            self._pool.new_epoch(seed=self._shared_seed)
             self._stats.new_epoch(self._pool.generation)
         for _ in range(self._prefetch_factor * self._num_workers):
             self._try_put_index()

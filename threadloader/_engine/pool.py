@@ -138,13 +138,18 @@ class ThreadPool:
             raise RuntimeError(STOPPED_MESSAGE)
         self._shared.jobs[worker_id].put(job)
 
-    def new_epoch(self, generation: int | None = None) -> None:
+    def new_epoch(self, generation: int | None = None, seed: int | None = None) -> None:
         """Start a new generation: results of older ones are stale from now on.
 
         Jobs already queued still run, in order, before the new epoch's: as
         DataLoader's persistent worker processes finish an abandoned epoch's
         prefetched tasks, so that each worker's random streams advance by the
         same draws, whatever the timing (the consumer drops their results).
+
+        Args:
+            generation: the new generation's number (default: the next one).
+            seed: an iterable DataPipe's shared seed for the new epoch, reseeding
+                each worker's graph when it reaches the epoch's first job.
 
         Raises:
             RuntimeError: the pool was stopped.
@@ -153,6 +158,8 @@ class ThreadPool:
         if shared.stopping:
             raise RuntimeError(STOPPED_MESSAGE)
         shared.generation = shared.generation + 1 if generation is None else generation
+        if seed is not None:
+            shared.epoch_seeds[shared.generation] = seed
 
     @property
     def workers(self) -> list[WorkerThreadView]:

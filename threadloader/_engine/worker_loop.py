@@ -27,6 +27,7 @@ from .. import _context, worker
 from .._interpreter import FREE_THREADED_BUILD
 from .intraop import limit_this_thread
 from .._pool import decode_pool
+from .._datapipes import seed_graph
 from .._replica import WorkerParts
 from .._torch_compat import DatasetKind, ExceptionWrapper, create_fetcher, pin_memory
 from ..stats import WorkerCounters
@@ -85,6 +86,8 @@ class _Config:
     items_per_task: int = 1  # samples a task fetches (the batch size when batching)
     #: The worker is its child process's only one (worker_processes == num_workers).
     owns_process: bool = False
+    #: An iterable DataPipe's shared seed for the pool's first epoch (DataLoader's ``_shared_seed``), else None.
+    shared_seed: int | None = None
 
 
 class _Shared:
@@ -106,6 +109,9 @@ class _Shared:
         self.generation = 0
         self.stopping = False
         self.counters = counters
+        #: generation -> an iterable DataPipe's shared seed for that epoch (persistent
+        #: workers' later epochs); written before the epoch's first job is queued.
+        self.epoch_seeds: dict[int, int] = {}
 
     def post(self, gen: int, idx: int, worker_id: int, payload: Any) -> None:
         self.results.put((_DATA, gen, idx, worker_id, payload))
@@ -147,6 +153,9 @@ def _worker_main(shared: _Shared, cfg: _Config, worker_id: int, parts: WorkerPar
         if cfg.pin and cfg.device_index is not None:
             torch.accelerator.set_device_index(cfg.device_index)
         cfg = dataclasses.replace(cfg, dataset=parts.dataset, init_fn=parts.init_fn, collate_fn=parts.collate_fn)
+        if cfg.shared_seed is not None:
+            # Before worker info and worker_init_fn, as in DataLoader's worker loop.
+            seed_graph(cfg.dataset, cfg.shared_seed)
         worker.enter_worker(worker_id, cfg.num_workers, cfg.base_seed, cfg.dataset, process_wide=cfg.owns_process)
         # This thread only ever collates for this loader: tell collate
         # functions (frame_collate) once whether batches get pinned.
@@ -373,6 +382,9 @@ def _iterable_step(shared: _Shared, cfg: _Config, worker_id: int, replica: _Repl
         # DataLoader's workers make on _ResumeIteration.
         replica.gen, replica.ended, replica.fetcher = gen, False, None
         try:
+            seed = shared.epoch_seeds.get(gen)
+            if seed is not None:  # a DataPipe's next epoch: reseeded as on DataLoader's _ResumeIteration
+                seed_graph(cfg.dataset, seed)
             replica.fetcher = create_fetcher(cfg.kind, cfg.dataset, cfg.auto_collation, collate, cfg.drop_last)
         except Exception:
             replica.setup = _SetupError(ExceptionWrapper(where=_where(worker_id, "IterableDataset.__iter__")), gen)

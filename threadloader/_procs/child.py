@@ -135,7 +135,7 @@ def child_main(
             if worker_id == RELEASED:
                 arena.parent_released(*job)
             elif worker_id == NEW_EPOCH:
-                pool.new_epoch(job)
+                pool.new_epoch(*job)
             else:
                 pool.submit(worker_id, job)
     finally:

@@ -270,11 +270,12 @@ class ProcessPool:
             child.jobs.put((RELEASED, released))
         child.jobs.put((worker_id, job))
 
-    def new_epoch(self, generation: int | None = None) -> None:
+    def new_epoch(self, generation: int | None = None, seed: int | None = None) -> None:
         """Start a new generation: results of older ones are stale from now on.
 
         Each child's threads still run the jobs queued before it, in order
-        (see ``ThreadPool.new_epoch``); the consumer drops their results.
+        (see ``ThreadPool.new_epoch``, which also says what ``seed`` is); the
+        consumer drops their results.
 
         Raises:
             RuntimeError: a worker process died (DataLoader's "exited
@@ -286,7 +287,7 @@ class ProcessPool:
             raise RuntimeError(self.failure or STOPPED_MESSAGE)
         self.generation = self.generation + 1 if generation is None else generation
         for child in self._children:
-            child.jobs.put((NEW_EPOCH, self.generation))
+            child.jobs.put((NEW_EPOCH, (self.generation, seed)))
 
     @property
     def workers(self) -> list[Any]:
