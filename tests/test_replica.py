@@ -16,10 +16,12 @@ import gc
 import random
 import threading
 import time
+from typing import Any
 
 import numpy as np
 import pytest
-from torch.utils.data import DataLoader, Dataset, default_collate
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate, get_worker_info
 
 from threadloader import ThreadDataLoader
 from threadloader._replica import worker_dataset, worker_parts
@@ -362,3 +364,103 @@ def test_the_copies_of_a_pool_whose_threads_fail_to_start_are_finalized(tmp_path
     gc.collect()
     assert _ClosesInDel.closed == [] and not ds.f.closed
     ds.__del__()
+
+
+# --- IterableDatasets that keep their own iteration state -----------------------------
+
+class _Progress:
+    """Where a shard's iteration stands: mutated in place while iterating (as Hugging Face's examples iterables do)."""
+
+    def __init__(self) -> None:
+        self.state = {"shard": 0, "item": 0}
+
+
+class _StatefulShards(IterableDataset):
+    """A Hugging Face ``IterableDataset`` in miniature: shards split over workers, progress kept in a held object,
+    ``state_dict()``/``load_state_dict()``, and an epoch in a shared tensor that ``set_epoch`` writes."""
+
+    seen_data: list[bool] = []  # a class's list: every copy appends to this one
+
+    def __init__(self, shards: int = 6, per_shard: int = 5, extra: Any = None) -> None:
+        self.shards, self.per_shard = shards, per_shard
+        self.progress = _Progress()
+        self.epoch = torch.zeros((), dtype=torch.int64).share_memory_()
+        self.data = torch.arange(shards * per_shard)  # the data: shared, never copied per worker
+        self.extra = extra
+        self.start: dict | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch.fill_(epoch)
+
+    def state_dict(self) -> dict:
+        return dict(self.progress.state)
+
+    def load_state_dict(self, state: dict) -> None:
+        self.start = dict(state)
+
+    def __iter__(self):
+        info = get_worker_info()
+        wid, n = (info.id, info.num_workers) if info else (0, 1)
+        if info is not None:
+            self.seen_data.append(info.dataset.data is self.data)
+        start = self.start or {"shard": 0, "item": 0}
+        order = torch.randperm(self.shards, generator=torch.Generator().manual_seed(int(self.epoch)))
+        for shard in order.tolist()[wid::n]:
+            for item in range(self.per_shard):
+                if (shard, item) < (start["shard"], start["item"]):
+                    continue
+                self.progress.state.update(shard=shard, item=item + 1)
+                yield int(self.data[shard * self.per_shard + item])
+
+
+def _epochs(cls, dataset, epochs=3, **kwargs):
+    loader = cls(dataset, batch_size=2, num_workers=3, **kwargs)
+    out = []
+    for epoch in range(epochs):
+        dataset.set_epoch(epoch)
+        out.append([b.tolist() for b in loader])
+    return out
+
+
+@pytest.mark.parametrize("worker_processes", [0, 2])
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_dataset_keeping_iteration_state_is_left_as_it_was_and_set_epoch_reaches_persistent_workers(
+        worker_processes, persistent):
+    expected_ds = _StatefulShards()
+    expected = _epochs(DataLoader, expected_ds, persistent_workers=persistent)
+    ds = _StatefulShards()
+    extra = {"worker_processes": worker_processes} if worker_processes else {}
+    assert _epochs(ThreadDataLoader, ds, persistent_workers=persistent, **extra) == expected
+    # Each worker advanced its own progress, as a worker process does: not the loader's dataset's.
+    assert ds.state_dict() == expected_ds.state_dict() == {"shard": 0, "item": 0}
+
+
+def test_a_dataset_keeping_iteration_state_shares_its_tensors_with_the_workers_copies():
+    _StatefulShards.seen_data.clear()
+    assert sum(len(e) for e in _epochs(ThreadDataLoader, _StatefulShards(), epochs=1)) == 15
+    assert _StatefulShards.seen_data == [True, True, True]
+
+
+def test_a_dataset_keeping_iteration_state_that_deepcopy_refuses_gets_the_shallow_copy():
+    expected = _epochs(DataLoader, _StatefulShards())
+    ds = _StatefulShards(extra=threading.Lock())  # deepcopy raises on a lock
+    assert _epochs(ThreadDataLoader, ds) == expected
+
+
+@pytest.mark.parametrize("worker_processes", [0, 2])
+def test_a_dataset_keeping_iteration_state_resumes_after_a_break(worker_processes):
+    extra = {"worker_processes": worker_processes} if worker_processes else {}
+
+    def make():
+        return ThreadDataLoader(_StatefulShards(), batch_size=2, num_workers=3, **extra)
+
+    full = [b.tolist() for b in make()]
+    loader = make()
+    assert [b.tolist() for b in loader] == full  # an epoch first: the next one starts from what it left
+    it = iter(loader)
+    head = [next(it).tolist() for _ in range(4)]
+    state = loader.state_dict()
+    del it
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert head + [b.tolist() for b in resumed] == full

@@ -26,15 +26,17 @@ from __future__ import annotations
 import collections
 import copy
 import functools
+import gc
 import random
 import sys
 import traceback
 import types
+import weakref
 from typing import Any, Callable, Iterator, NamedTuple
 
 import numpy as np
 import torch
-from torch.utils.data import ChainDataset, ConcatDataset, Subset
+from torch.utils.data import ChainDataset, ConcatDataset, IterableDataset, Subset
 
 from . import _rng
 from ._datapipes import is_datapipe
@@ -54,6 +56,8 @@ _MAX_ITEMS = 64
 #: Objects and containers searched per copy, at most (bounds the cost of a
 #: dataset with a large object graph: what lies beyond is shared).
 _MAX_VISITS = 4096
+#: Objects a dataset keeping iteration state may reach and still be deep-copied per worker.
+_MAX_DEEP_OBJECTS = 100_000
 
 #: Types that never hold a generator, nor lead to one (exact types, not subclasses).
 _LEAF_TYPES = frozenset({type(None), bool, int, float, complex, str, bytes, bytearray, range, set, frozenset,
@@ -218,6 +222,53 @@ class _Walk:
         return found  # the datasets among them: they are targets, copied whether or not anything leads on
 
 
+def _keeps_iteration_state(dataset: Any) -> bool:
+    """An IterableDataset with its own ``state_dict()``/``load_state_dict()``: it tracks where its iteration is.
+
+    Such a dataset (Hugging Face ``datasets.IterableDataset``, torchdata's
+    stateful protocol) records its progress in objects it holds (its
+    examples-iterable graph), not only in its own attributes: a shallow copy
+    would advance the loader's dataset, and the other workers', as it iterates.
+    """
+    kind = type(dataset)
+    return (isinstance(dataset, IterableDataset) and callable(getattr(kind, "state_dict", None))
+            and callable(getattr(kind, "load_state_dict", None)))
+
+
+#: What deepcopy keeps as it is (and so what it does not look into).
+_NOT_DEEP_COPIED = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.CodeType,
+                    weakref.ref, property)
+
+
+def _deep_copy_sharing_data(dataset: Any) -> Any:
+    """A deep copy of ``dataset`` in which its tensors and arrays stay the original's; None if it cannot be made.
+
+    A worker process has a copy of everything; the tensors (Hugging Face's
+    epoch counter is one in shared memory, written by ``set_epoch`` for
+    persistent workers to read) and arrays are the data, shared as with every
+    other dataset. What the copy cannot take (a lock, an open file) leaves the
+    dataset to the shallow copy.
+    """
+    memo: dict[int, Any] = {}
+    seen = {id(dataset)}
+    stack = [dataset]
+    while stack and len(seen) < _MAX_DEEP_OBJECTS:
+        for part in gc.get_referents(stack.pop()):
+            if id(part) in seen or isinstance(part, _NOT_DEEP_COPIED):
+                continue
+            seen.add(id(part))
+            if isinstance(part, (torch.Tensor, np.ndarray)):
+                memo[id(part)] = part  # deepcopy takes it as already copied: shared
+            else:
+                stack.append(part)
+    if stack:
+        return None  # beyond the budget: too big to copy per worker
+    try:
+        return copy.deepcopy(dataset, memo)
+    except Exception:  # noqa: BLE001 - an object deepcopy refuses: the shallow copy, as before
+        return None
+
+
 def _inner_datasets(dataset: Any) -> list[Any]:
     """The datasets inside one of torch's wrappers (none for any other dataset)."""
     if isinstance(dataset, Subset):
@@ -370,6 +421,10 @@ class _Build:
                 own = make(value)
             elif key in self.datasets and is_datapipe(value):
                 own = datapipe_worker_copy(value)  # its pipes are shard and iterator state: all the worker's
+            elif key in self.datasets and _keeps_iteration_state(value):
+                own = _deep_copy_sharing_data(value)
+                if own is None:
+                    own = self._object(value, dataset=True)
             elif key in self.datasets:
                 own = self._object(value, dataset=True)
             else:
