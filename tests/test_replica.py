@@ -366,7 +366,7 @@ def test_the_copies_of_a_pool_whose_threads_fail_to_start_are_finalized(tmp_path
     ds.__del__()
 
 
-# --- IterableDatasets that keep their own iteration state -----------------------------
+# --- IterableDatasets: a deep copy per worker, their data shared ---------------------------
 
 class _Progress:
     """Where a shard's iteration stands: mutated in place while iterating (as Hugging Face's examples iterables do)."""
@@ -424,7 +424,7 @@ def _epochs(cls, dataset, epochs=3, **kwargs):
 
 @pytest.mark.parametrize("worker_processes", [0, 2])
 @pytest.mark.parametrize("persistent", [False, True])
-def test_a_dataset_keeping_iteration_state_is_left_as_it_was_and_set_epoch_reaches_persistent_workers(
+def test_an_iterable_datasets_progress_is_each_workers_and_set_epoch_reaches_persistent_workers(
         worker_processes, persistent):
     expected_ds = _StatefulShards()
     expected = _epochs(DataLoader, expected_ds, persistent_workers=persistent)
@@ -435,20 +435,20 @@ def test_a_dataset_keeping_iteration_state_is_left_as_it_was_and_set_epoch_reach
     assert ds.state_dict() == expected_ds.state_dict() == {"shard": 0, "item": 0}
 
 
-def test_a_dataset_keeping_iteration_state_shares_its_tensors_with_the_workers_copies():
+def test_an_iterable_datasets_tensors_are_shared_with_the_workers_copies():
     _StatefulShards.seen_data.clear()
     assert sum(len(e) for e in _epochs(ThreadDataLoader, _StatefulShards(), epochs=1)) == 15
     assert _StatefulShards.seen_data == [True, True, True]
 
 
-def test_a_dataset_keeping_iteration_state_that_deepcopy_refuses_gets_the_shallow_copy():
+def test_an_iterable_dataset_that_deepcopy_refuses_gets_the_shallow_copy():
     expected = _epochs(DataLoader, _StatefulShards())
     ds = _StatefulShards(extra=threading.Lock())  # deepcopy raises on a lock
     assert _epochs(ThreadDataLoader, ds) == expected
 
 
 @pytest.mark.parametrize("worker_processes", [0, 2])
-def test_a_dataset_keeping_iteration_state_resumes_after_a_break(worker_processes):
+def test_an_iterable_dataset_with_its_own_state_dict_resumes_after_a_break(worker_processes):
     extra = {"worker_processes": worker_processes} if worker_processes else {}
 
     def make():
@@ -464,3 +464,55 @@ def test_a_dataset_keeping_iteration_state_resumes_after_a_break(worker_processe
     resumed = make()
     resumed.load_state_dict(state)
     assert head + [b.tolist() for b in resumed] == full
+
+
+class _EpochCountingStage:
+    """webdataset's ``detshuffle`` in miniature: a pipeline stage that counts its epochs itself."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed, self.epoch = seed, -1
+
+    def __call__(self, items: list[int]) -> list[int]:
+        self.epoch += 1
+        order = list(items)
+        random.Random(self.seed + self.epoch).shuffle(order)
+        return order
+
+
+class _Pipeline(IterableDataset):
+    """Shards (a short list: part of the pipeline) through stages, split over workers; a long list of data."""
+
+    def __init__(self) -> None:
+        self.shards = list(range(8))
+        self.stages = [_EpochCountingStage(seed=3)]
+        self.labels = [f"label-{i}" for i in range(1000)]  # data: more than _MAX_ITEMS items
+
+    def __iter__(self):
+        info = get_worker_info()
+        wid, n = (info.id, info.num_workers) if info else (0, 1)
+        shards = self.shards
+        for stage in self.stages:
+            shards = stage(shards)
+        for shard in shards[wid::n]:
+            yield shard, self.labels[shard], id(self.labels)
+
+
+@pytest.mark.parametrize("worker_processes", [0, 3])
+@pytest.mark.parametrize("persistent", [False, True])
+def test_state_deep_in_an_iterable_pipeline_is_each_workers(worker_processes, persistent):
+    # Every worker thread advanced the one shared stage: each epoch shuffled with another seed than DataLoader's.
+    def epochs(cls, **extra):
+        loader = cls(_Pipeline(), batch_size=None, num_workers=3, persistent_workers=persistent, **extra)
+        return [[(shard, label) for shard, label, _ in loader] for _ in range(3)]
+
+    extra = {"worker_processes": worker_processes} if worker_processes else {}
+    assert epochs(ThreadDataLoader, **extra) == epochs(DataLoader)
+
+
+def test_an_iterable_datasets_long_containers_are_data_shared_with_the_workers_copies():
+    ds = _Pipeline()
+    copy = worker_dataset(ds)
+    assert copy.labels is ds.labels  # data: one list, whatever the number of workers
+    assert copy.stages is not ds.stages and copy.stages[0] is not ds.stages[0]  # the pipeline: the worker's
+    assert copy.shards is not ds.shards
+    assert {ident for _, _, ident in ThreadDataLoader(ds, batch_size=None, num_workers=2)} == {id(ds.labels)}

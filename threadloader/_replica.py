@@ -11,7 +11,8 @@ generators, so the draws do not depend on how threads interleave and a
 ``worker_init_fn`` that reseeds them reseeds that worker's alone. What leads to
 the dataset (``functools.partial(reseed, dataset=ds)`` as ``worker_init_fn``)
 is copied the same way, so it reaches the worker's copy. What leads to neither
-is shared.
+is shared. An IterableDataset is deep-copied instead, its data aside (see
+:func:`_iterates_its_own_state`), and a DataPipe graph whole.
 
 The copy is made in two passes. The first walks what the dataset and hooks
 reach, breadth first (a transform one attribute down is found before the
@@ -56,7 +57,7 @@ _MAX_ITEMS = 64
 #: Objects and containers searched per copy, at most (bounds the cost of a
 #: dataset with a large object graph: what lies beyond is shared).
 _MAX_VISITS = 4096
-#: Objects a dataset keeping iteration state may reach and still be deep-copied per worker.
+#: Objects (atoms aside) an IterableDataset may reach and still be deep-copied per worker.
 _MAX_DEEP_OBJECTS = 100_000
 
 #: Types that never hold a generator, nor lead to one (exact types, not subclasses).
@@ -77,13 +78,14 @@ class WorkerParts(NamedTuple):
 def worker_parts(dataset: Any, init_fn: Callable | None, collate_fn: Callable | None) -> WorkerParts:
     """The worker's own copies of ``dataset`` and, where they need one, of its hooks.
 
-    The dataset is always copied, shallowly: attributes a worker sets on its
+    A map-style dataset is always copied, shallowly: attributes a worker sets on its
     copy (a file handle opened lazily in ``__getitem__``, a worker id stored by
     ``worker_init_fn``) are that worker's alone; the data it holds (arrays,
     tensors, long lists, dicts) stays one shared object, never duplicated. A
     dataset that cannot be copied is shared as it is. The datasets inside
     torch's wrappers (``Subset``, ``ConcatDataset``, ``ChainDataset``) are
-    copied the same way.
+    copied the same way. An IterableDataset is deep-copied, its data shared
+    (:func:`_deep_copy_sharing_data`): iterating moves state it holds.
 
     Random generators (``random.Random``, NumPy ``Generator``/``RandomState``,
     CPU ``torch.Generator``) the dataset or a hook reaches are copied in their
@@ -222,32 +224,42 @@ class _Walk:
         return found  # the datasets among them: they are targets, copied whether or not anything leads on
 
 
-def _keeps_iteration_state(dataset: Any) -> bool:
-    """An IterableDataset with its own ``state_dict()``/``load_state_dict()``: it tracks where its iteration is.
+def _iterates_its_own_state(dataset: Any) -> bool:
+    """Whether a worker needs a deep copy of ``dataset``: an IterableDataset.
 
-    Such a dataset (Hugging Face ``datasets.IterableDataset``, torchdata's
-    stateful protocol) records its progress in objects it holds (its
-    examples-iterable graph), not only in its own attributes: a shallow copy
-    would advance the loader's dataset, and the other workers', as it iterates.
+    A worker process iterates its own copy of everything an IterableDataset
+    holds, and iteration often moves state kept below the dataset's own
+    attributes: webdataset's ``detshuffle`` stage and ``ResampledShards`` count
+    epochs in an object of the pipeline, Hugging Face's ``IterableDataset``
+    records its progress in its examples iterable. In a shallow copy every
+    worker thread would advance the one shared object (and the loader's
+    dataset with it). A map-style dataset is only read: it keeps the shallow
+    copy, its data shared.
     """
-    kind = type(dataset)
-    return (isinstance(dataset, IterableDataset) and callable(getattr(kind, "state_dict", None))
-            and callable(getattr(kind, "load_state_dict", None)))
+    return isinstance(dataset, IterableDataset)
 
 
 #: What deepcopy keeps as it is (and so what it does not look into).
 _NOT_DEEP_COPIED = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.CodeType,
-                    weakref.ref, property)
+                    weakref.ref, property, str, bytes, int, float, complex, bool, type(None), range)
+
+
+def _is_data(value: Any) -> bool:
+    """Tensors, arrays, and containers of more than :data:`_MAX_ITEMS` items (file lists, caches)."""
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        return True
+    return isinstance(value, (list, tuple, dict, set, frozenset, collections.deque)) and len(value) > _MAX_ITEMS
 
 
 def _deep_copy_sharing_data(dataset: Any) -> Any:
-    """A deep copy of ``dataset`` in which its tensors and arrays stay the original's; None if it cannot be made.
+    """A deep copy of ``dataset`` in which its data stays the original's; None if it cannot be made.
 
-    A worker process has a copy of everything; the tensors (Hugging Face's
-    epoch counter is one in shared memory, written by ``set_epoch`` for
-    persistent workers to read) and arrays are the data, shared as with every
-    other dataset. What the copy cannot take (a lock, an open file) leaves the
-    dataset to the shallow copy.
+    A worker process has a copy of everything; here the data (:func:`_is_data`)
+    is shared as with every other dataset, so memory does not grow with
+    workers, and tensors keep working as shared state (Hugging Face's epoch
+    counter is one in shared memory, written by ``set_epoch`` for persistent
+    workers to read). What the copy cannot take (a lock, an open file, a
+    Python generator) leaves the dataset to the shallow copy.
     """
     memo: dict[int, Any] = {}
     seen = {id(dataset)}
@@ -257,7 +269,7 @@ def _deep_copy_sharing_data(dataset: Any) -> Any:
             if id(part) in seen or isinstance(part, _NOT_DEEP_COPIED):
                 continue
             seen.add(id(part))
-            if isinstance(part, (torch.Tensor, np.ndarray)):
+            if _is_data(part):
                 memo[id(part)] = part  # deepcopy takes it as already copied: shared
             else:
                 stack.append(part)
@@ -421,7 +433,7 @@ class _Build:
                 own = make(value)
             elif key in self.datasets and is_datapipe(value):
                 own = datapipe_worker_copy(value)  # its pipes are shard and iterator state: all the worker's
-            elif key in self.datasets and _keeps_iteration_state(value):
+            elif key in self.datasets and _iterates_its_own_state(value):
                 own = _deep_copy_sharing_data(value)
                 if own is None:
                     own = self._object(value, dataset=True)
