@@ -441,10 +441,36 @@ def test_an_iterable_datasets_tensors_are_shared_with_the_workers_copies():
     assert _StatefulShards.seen_data == [True, True, True]
 
 
-def test_an_iterable_dataset_that_deepcopy_refuses_gets_the_shallow_copy():
-    expected = _epochs(DataLoader, _StatefulShards())
-    ds = _StatefulShards(extra=threading.Lock())  # deepcopy raises on a lock
-    assert _epochs(ThreadDataLoader, ds) == expected
+def test_what_deepcopy_cannot_copy_in_an_iterable_dataset_is_shared_and_the_rest_is_each_workers(tmp_path):
+    path = tmp_path / "f"
+    path.write_bytes(b"x")
+    expected_ds = _StatefulShards()
+    expected = _epochs(DataLoader, expected_ds)
+    with open(path, "rb") as handle:
+        ds = _StatefulShards(extra=[threading.Lock(), handle, (i for i in range(3))])  # no deepcopy for these
+        copy = worker_dataset(ds)
+        assert all(a is b for a, b in zip(copy.extra, ds.extra)) and copy.extra is not ds.extra
+        assert copy.progress is not ds.progress
+        assert _epochs(ThreadDataLoader, ds) == expected
+        assert ds.state_dict() == expected_ds.state_dict()
+
+
+class _RebuildFails:
+    """Reduces, but cannot be rebuilt: deepcopy fails half-way."""
+
+    def __reduce__(self):
+        return (_refuse, ())
+
+
+def _refuse():
+    raise RuntimeError("cannot be rebuilt")
+
+
+def test_an_iterable_dataset_deepcopy_fails_on_gets_the_shallow_copy():
+    ds = _StatefulShards(extra=_RebuildFails())
+    copy = worker_dataset(ds)
+    assert copy is not ds and copy.progress is ds.progress and copy.extra is ds.extra  # shallow, as before
+    assert sum(len(e) for e in _epochs(ThreadDataLoader, ds, epochs=1)) == 15
 
 
 @pytest.mark.parametrize("worker_processes", [0, 2])

@@ -244,11 +244,27 @@ _NOT_DEEP_COPIED = (type, types.ModuleType, types.FunctionType, types.BuiltinFun
                     weakref.ref, property, str, bytes, int, float, complex, bool, type(None), range)
 
 
+def _deep_copyable(value: Any) -> bool:
+    """Whether deepcopy can copy ``value`` itself (its parts aside): it has ``__deepcopy__`` or reduces."""
+    kind = type(value)
+    if kind in _DEEP_COPIED_ITEMWISE or hasattr(kind, "__deepcopy__"):
+        return True
+    try:
+        value.__reduce_ex__(4)  # what deepcopy calls; refused by locks, files, generators
+    except Exception:  # noqa: BLE001 - any refusal: the object is shared, not copied
+        return False
+    return True
+
+
 def _is_data(value: Any) -> bool:
     """Tensors, arrays, and containers of more than :data:`_MAX_ITEMS` items (file lists, caches)."""
     if isinstance(value, (torch.Tensor, np.ndarray)):
         return True
     return isinstance(value, (list, tuple, dict, set, frozenset, collections.deque)) and len(value) > _MAX_ITEMS
+
+
+#: Containers deepcopy copies itself, item by item.
+_DEEP_COPIED_ITEMWISE = (list, tuple, dict, set, frozenset)
 
 
 def _deep_copy_sharing_data(dataset: Any) -> Any:
@@ -258,8 +274,9 @@ def _deep_copy_sharing_data(dataset: Any) -> Any:
     is shared as with every other dataset, so memory does not grow with
     workers, and tensors keep working as shared state (Hugging Face's epoch
     counter is one in shared memory, written by ``set_epoch`` for persistent
-    workers to read). What the copy cannot take (a lock, an open file, a
-    Python generator) leaves the dataset to the shallow copy.
+    workers to read). So is what deepcopy cannot copy (a lock, an open file, a
+    database handle): the workers share it, as they share everything in the
+    shallow copy. Anything else it refuses leaves the dataset to the shallow copy.
     """
     memo: dict[int, Any] = {}
     seen = {id(dataset)}
@@ -269,7 +286,7 @@ def _deep_copy_sharing_data(dataset: Any) -> Any:
             if id(part) in seen or isinstance(part, _NOT_DEEP_COPIED):
                 continue
             seen.add(id(part))
-            if _is_data(part):
+            if _is_data(part) or not _deep_copyable(part):
                 memo[id(part)] = part  # deepcopy takes it as already copied: shared
             else:
                 stack.append(part)
