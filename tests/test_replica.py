@@ -542,3 +542,40 @@ def test_an_iterable_datasets_long_containers_are_data_shared_with_the_workers_c
     assert copy.stages is not ds.stages and copy.stages[0] is not ds.stages[0]  # the pipeline: the worker's
     assert copy.shards is not ds.shards
     assert {ident for _, _, ident in ThreadDataLoader(ds, batch_size=None, num_workers=2)} == {id(ds.labels)}
+
+
+class _Shuffles:
+    """A transform with its own generator, reseeded per worker by a hook that holds it."""
+
+    def __init__(self) -> None:
+        self.rng = random.Random(0)
+
+    def __call__(self, x: int) -> float:
+        return x + self.rng.random()
+
+
+class _Transformed(IterableDataset):
+    def __init__(self) -> None:
+        self.transform = _Shuffles()
+        self.step = _EpochCountingStage(seed=1)
+
+    def __iter__(self):
+        info = get_worker_info()
+        for i in self.step(list(range(6)))[info.id::info.num_workers]:
+            yield self.transform(i)
+
+
+def _reseed_transform(worker_id: int, transform: _Shuffles) -> None:
+    transform.rng.seed(worker_id + 100)
+
+
+def test_a_hook_holding_part_of_an_iterable_dataset_gets_that_part_of_the_workers_deep_copy():
+    def epochs(cls, **extra):
+        ds = _Transformed()
+        loader = cls(ds, batch_size=None, num_workers=2, worker_init_fn=functools.partial(_reseed_transform, transform=ds.transform),
+                     **extra)
+        return [list(loader) for _ in range(2)]
+
+    expected = epochs(DataLoader)
+    assert epochs(ThreadDataLoader) == expected
+    assert epochs(ThreadDataLoader, worker_processes=2) == expected

@@ -267,8 +267,13 @@ def _is_data(value: Any) -> bool:
 _DEEP_COPIED_ITEMWISE = (list, tuple, dict, set, frozenset)
 
 
-def _deep_copy_sharing_data(dataset: Any) -> Any:
+def _deep_copy_sharing_data(dataset: Any, copies: dict[int, Any]) -> Any:
     """A deep copy of ``dataset`` in which its data stays the original's; None if it cannot be made.
+
+    ``copies`` (id -> the worker's version) gains every object copied, so that
+    a hook holding a part of the dataset (``functools.partial(reseed,
+    transform=ds.transform)``) gets the part inside the worker's copy, as in
+    a worker process.
 
     A worker process has a copy of everything; here the data (:func:`_is_data`)
     is shared as with every other dataset, so memory does not grow with
@@ -292,10 +297,14 @@ def _deep_copy_sharing_data(dataset: Any) -> Any:
                 stack.append(part)
     if stack:
         return None  # beyond the budget: too big to copy per worker
+    shared = set(memo)
     try:
-        return copy.deepcopy(dataset, memo)
+        replica = copy.deepcopy(dataset, memo)
     except Exception:  # noqa: BLE001 - an object deepcopy refuses: the shallow copy, as before
         return None
+    memo.pop(id(memo), None)  # deepcopy's own list of what it keeps alive
+    copies.update((key, value) for key, value in memo.items() if key not in shared)
+    return replica
 
 
 def _inner_datasets(dataset: Any) -> list[Any]:
@@ -451,7 +460,7 @@ class _Build:
             elif key in self.datasets and is_datapipe(value):
                 own = datapipe_worker_copy(value)  # its pipes are shard and iterator state: all the worker's
             elif key in self.datasets and _iterates_its_own_state(value):
-                own = _deep_copy_sharing_data(value)
+                own = _deep_copy_sharing_data(value, self.copies)
                 if own is None:
                     own = self._object(value, dataset=True)
             elif key in self.datasets:
