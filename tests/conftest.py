@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 
@@ -15,6 +16,14 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 settings.load_profile("ci")
+
+# A shell starting the suite in the background without job control (`cmd &`
+# in a script, nohup) hands it SIGINT ignored, and every process it starts
+# inherits that: the Ctrl-C tests (tests/test_process_exit.py, test_procs.py)
+# would find neither DataLoader's workers nor ours interruptible. Ctrl-C is
+# what they test, so the suite always runs with Python's own handler.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def worker_threads() -> list[threading.Thread]:
