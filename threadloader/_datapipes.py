@@ -11,14 +11,40 @@ worker's other copies in :mod:`threadloader._replica`).
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from typing import Any, Callable
+import threading
+from typing import Any, Callable, ContextManager
 
 import torch
 from torch.utils.data import IterDataPipe, MapDataPipe, get_worker_info
 from torch.utils.data.graph_settings import apply_random_seed, apply_sharding
 
-__all__ = ["is_datapipe", "is_iter_datapipe", "peek_shared_seed", "seed_graph", "sharding_init_fn"]
+from ._fork import renew_after_fork
+from ._torch_compat import datapipe_worker_copy
+
+__all__ = ["graph_lock", "is_datapipe", "is_iter_datapipe", "peek_shared_seed", "seed_graph", "sharding_init_fn",
+           "worker_copy"]
+
+# torch walks a DataPipe graph (apply_random_seed, apply_sharding) by pickling
+# it with a hook set on the DataPipe *classes* for the walk's duration, and
+# refuses to set one while another is set ("Attempt to override existing
+# reduce_ex_hook"): walks, and copies (deepcopy reduces through that hook),
+# must not overlap in one process. Worker threads, and the loader's thread
+# seeding its own graph, take turns on this lock.
+_GRAPH_LOCK = threading.RLock()
+renew_after_fork(__name__, "_GRAPH_LOCK")  # a child forked mid-walk must not inherit it held
+
+
+def graph_lock(dataset: Any) -> ContextManager[Any]:
+    """The lock every walk or copy of a DataPipe graph holds in this process; a no-op for other datasets."""
+    return _GRAPH_LOCK if is_datapipe(dataset) else contextlib.nullcontext()
+
+
+def worker_copy(dataset: Any) -> Any:
+    """A worker's own copy of a DataPipe graph (:func:`threadloader._torch_compat.datapipe_worker_copy`)."""
+    with _GRAPH_LOCK:
+        return datapipe_worker_copy(dataset)
 
 
 def is_datapipe(dataset: Any) -> bool:
@@ -35,7 +61,8 @@ def seed_graph(dataset: Any, seed: int) -> None:
     """Seed the random pipes of a worker's graph from the epoch's shared seed, as a worker process does."""
     rng = torch.Generator()
     rng.manual_seed(seed)
-    apply_random_seed(dataset, rng)
+    with _GRAPH_LOCK:
+        apply_random_seed(dataset, rng)
 
 
 def peek_shared_seed(generator: torch.Generator | None) -> int:
@@ -57,7 +84,8 @@ def peek_shared_seed(generator: torch.Generator | None) -> int:
 def _shard_then_init(init_fn: Callable[[int], None] | None, world_size: int, rank: int, worker_id: int) -> None:
     # Shard over every worker of every rank: ranks first, then workers, as DataLoader does.
     info = get_worker_info()
-    apply_sharding(info.dataset, info.num_workers * world_size, worker_id * world_size + rank)
+    with _GRAPH_LOCK:
+        apply_sharding(info.dataset, info.num_workers * world_size, worker_id * world_size + rank)
     if init_fn is not None:
         init_fn(worker_id)
 

@@ -40,8 +40,7 @@ import torch
 from torch.utils.data import ChainDataset, ConcatDataset, IterableDataset, Subset
 
 from . import _rng
-from ._datapipes import is_datapipe
-from ._torch_compat import datapipe_worker_copy
+from ._datapipes import is_datapipe, worker_copy
 
 __all__ = ["WorkerParts", "retire", "worker_dataset", "worker_parts"]
 
@@ -458,7 +457,7 @@ class _Build:
             if make is not None:
                 own = make(value)
             elif key in self.datasets and is_datapipe(value):
-                own = datapipe_worker_copy(value)  # its pipes are shard and iterator state: all the worker's
+                own = worker_copy(value)  # its pipes are shard and iterator state: all the worker's
             elif key in self.datasets and _iterates_its_own_state(value):
                 own = _deep_copy_sharing_data(value, self.copies)
                 if own is None:

@@ -33,7 +33,7 @@ from typing import Any, Callable, NoReturn
 import torch
 from torch.autograd.profiler import record_function
 
-from .._datapipes import is_datapipe, peek_shared_seed, sharding_init_fn
+from .._datapipes import graph_lock, is_datapipe, peek_shared_seed, sharding_init_fn
 from .._pool import decode_pool, host_pool
 from .._torch_compat import (BaseDataLoaderIter, DatasetKind, ExceptionWrapper, init_base_iterator, profiler_enabled,
                              warn_iterable_length)
@@ -74,7 +74,8 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
     """DataLoader's iterator protocol, served by worker threads."""
 
     def __init__(self, loader: Any, plan: ResumePlan | None = None) -> None:
-        init_base_iterator(self, loader)
+        with graph_lock(loader.dataset):  # it seeds a DataPipe's graph: not while a worker walks one
+            init_base_iterator(self, loader)
         #: The process whose threads (or worker processes) serve this iterator.
         self.owner_pid = os.getpid()
         if plan is not None:
@@ -202,7 +203,8 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
                 raise self._refusal()
             self._plan = None
             self._epoch_start = EpochStart.capture(loader, self._base_seed, self.dataset_start_state())
-        super()._reset(loader, first_iter)
+        with graph_lock(self._dataset):  # it reseeds a DataPipe's graph
+            super()._reset(loader, first_iter)
         self._finished = False
         # Tasks received ahead of _rcvd_idx (in_order=False), for checkpoints.
         self._consumed_ahead: set[int] = set(self._plan.consumed_extra) if self._plan else set()
