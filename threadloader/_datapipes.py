@@ -23,8 +23,7 @@ from torch.utils.data.graph_settings import apply_random_seed, apply_sharding
 from ._fork import renew_after_fork
 from ._torch_compat import datapipe_worker_copy
 
-__all__ = ["graph_lock", "is_datapipe", "is_iter_datapipe", "peek_shared_seed", "seed_graph", "sharding_init_fn",
-           "worker_copy"]
+__all__ = ["graph_lock", "is_datapipe", "peek_shared_seed", "seed_graph", "sharding_init_fn", "worker_copy"]
 
 # torch walks a DataPipe graph (apply_random_seed, apply_sharding) by pickling
 # it with a hook set on the DataPipe *classes* for the walk's duration, and
@@ -50,11 +49,6 @@ def worker_copy(dataset: Any) -> Any:
 def is_datapipe(dataset: Any) -> bool:
     """Whether DataLoader treats ``dataset`` as a DataPipe graph (sharded in its workers)."""
     return isinstance(dataset, (IterDataPipe, MapDataPipe))
-
-
-def is_iter_datapipe(dataset: Any) -> bool:
-    """Whether DataLoader seeds ``dataset``'s random pipes in its workers (iterable DataPipes only)."""
-    return isinstance(dataset, IterDataPipe)
 
 
 def seed_graph(dataset: Any, seed: int) -> None:

@@ -243,6 +243,10 @@ _NOT_DEEP_COPIED = (type, types.ModuleType, types.FunctionType, types.BuiltinFun
                     weakref.ref, property, str, bytes, int, float, complex, bool, type(None), range)
 
 
+#: Containers deepcopy copies itself, item by item.
+_DEEP_COPIED_ITEMWISE = (list, tuple, dict, set, frozenset)
+
+
 def _deep_copyable(value: Any) -> bool:
     """Whether deepcopy can copy ``value`` itself (its parts aside): it has ``__deepcopy__`` or reduces."""
     kind = type(value)
@@ -260,10 +264,6 @@ def _is_data(value: Any) -> bool:
     if isinstance(value, (torch.Tensor, np.ndarray)):
         return True
     return isinstance(value, (list, tuple, dict, set, frozenset, collections.deque)) and len(value) > _MAX_ITEMS
-
-
-#: Containers deepcopy copies itself, item by item.
-_DEEP_COPIED_ITEMWISE = (list, tuple, dict, set, frozenset)
 
 
 def _deep_copy_sharing_data(dataset: Any, copies: dict[int, Any]) -> Any:
