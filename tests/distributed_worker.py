@@ -8,6 +8,8 @@ Two phases, one torchrun launch each:
   identical sampler as the oracle, and run the same loop again but stop after
   a few batches of epoch :data:`STOP_EPOCH`, saving ``loader.state_dict()`` to
   a per-rank file (a preempted job).
+  The ``run`` launch also serves a DataPipe graph (:func:`datapipe_runs`)
+  from ranks whose global RNGs differ.
 * ``resume``: a fresh process builds new loaders with the same arguments,
   loads each rank's checkpoint and iterates the rest of the interrupted epoch
   and the later epochs.
@@ -28,6 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data.datapipes.iter import IterableWrapper
 
 from threadloader import ThreadDataLoader
 
@@ -127,6 +130,46 @@ def resume_phase(out: Path, rank: int, world: int) -> dict[str, Any]:
     return result
 
 
+#: The DataPipe runs: dataset size, batch size.
+DATAPIPE_N, DATAPIPE_BATCH = 30, 3
+
+
+def datapipe_runs(rank: int) -> dict[str, list]:
+    """A shuffled, sharded DataPipe graph served by both loaders, from a global RNG that differs per rank.
+
+    DataLoader shuffles alike on every rank all the same (rank 0's seed is
+    broadcast), then each rank keeps its shard. Per ``persistent_workers``:
+    ``thread`` and ``oracle`` (torch's DataLoader, worker processes), EPOCHS
+    epochs each; ``first`` and ``resumed``: a ThreadDataLoader checkpointed
+    between its first and second epoch and resumed in a new loader, its RNG
+    elsewhere in between.
+    """
+    def make(cls: type, persistent: bool) -> DataLoader:
+        pipe = IterableWrapper(range(DATAPIPE_N)).shuffle().sharding_filter()
+        return cls(pipe, batch_size=DATAPIPE_BATCH, num_workers=2, persistent_workers=persistent)
+
+    def epochs(loader: DataLoader, n: int) -> list[list[list[int]]]:
+        return [[b.tolist() for b in loader] for _ in range(n)]
+
+    out: dict[str, list] = {}
+    for persistent in (False, True):
+        runs = {}
+        for name, cls in (("thread", ThreadDataLoader), ("oracle", DataLoader)):
+            torch.manual_seed(100 + rank)  # as seed_everything(seed + rank) leaves it
+            runs[name] = epochs(make(cls, persistent), EPOCHS)
+        torch.manual_seed(100 + rank)
+        loader = make(ThreadDataLoader, persistent)
+        runs["first"] = epochs(loader, 1)
+        state = loader.state_dict()
+        del loader
+        torch.manual_seed(5000 + rank)
+        resumed = make(ThreadDataLoader, persistent)
+        resumed.load_state_dict(state)
+        runs["resumed"] = epochs(resumed, EPOCHS - 1)
+        out[f"persistent={persistent}"] = runs
+    return out
+
+
 def count_samples(result: dict[str, Any]) -> int:
     return sum(len(b[0]) for cfg in result.values() for run in cfg.values() for ep in run for b in ep)
 
@@ -147,6 +190,8 @@ def main(argv: list[str] | None = None) -> None:
         total = torch.tensor([count_samples(result)], dtype=torch.int64)
         dist.all_reduce(total)
         payload = {"rank": rank, "world": world, "all_reduced_samples": int(total), "configs": result}
+        if args.phase == "run":
+            payload["datapipe"] = datapipe_runs(rank)
         tmp = args.out / f".{args.phase}_rank{rank}.json.tmp"
         tmp.write_text(json.dumps(payload))
         tmp.replace(args.out / f"{args.phase}_rank{rank}.json")  # the test never reads a half-written file

@@ -199,6 +199,25 @@ def test_resume_per_rank_gives_the_uninterrupted_run(worker_results: dict[str, A
             assert stitched == full, (name, r)
 
 
+def test_datapipe_ranks_shuffle_alike_and_resume_between_epochs(worker_results: dict[str, Any]) -> None:
+    """A DataPipe graph under torch.distributed, ranks' RNGs differing: as DataLoader, resume included.
+
+    DataLoader broadcasts rank 0's shuffle seed; a resumed ThreadDataLoader
+    must take rank 0's too, or the ranks' shards overlap.
+    """
+    mod = worker_results["module"]
+    ranks = [r["datapipe"] for r in worker_results["run"]]
+    for key in ranks[0]:
+        for r in range(WORLD):
+            runs = ranks[r][key]
+            assert runs["thread"] == runs["oracle"], (key, r)
+            assert runs["first"] + runs["resumed"] == runs["oracle"], (key, r)
+        for epoch in range(mod.EPOCHS):
+            seen = [i for r in range(WORLD) for b in ranks[r][key]["oracle"][epoch] for i in b]
+            assert sorted(seen) == list(range(mod.DATAPIPE_N)), (key, epoch)  # the oracle's shards are disjoint
+        assert ranks[0][key]["oracle"][0] != ranks[0][key]["oracle"][1]  # the epochs shuffle anew
+
+
 # --- examples/ddp_train.py --------------------------------------------------------
 
 def test_ddp_example_smoke_preempted_and_resumed(tmp_path: Path) -> None:

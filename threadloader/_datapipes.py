@@ -17,6 +17,7 @@ import threading
 from typing import Any, Callable, ContextManager
 
 import torch
+import torch.distributed as dist
 from torch.utils.data import IterDataPipe, MapDataPipe, get_worker_info
 from torch.utils.data.graph_settings import apply_random_seed, apply_sharding
 
@@ -59,20 +60,26 @@ def seed_graph(dataset: Any, seed: int) -> None:
         apply_random_seed(dataset, rng)
 
 
-def peek_shared_seed(generator: torch.Generator | None) -> int:
+def peek_shared_seed(generator: torch.Generator | None, group: Any = None) -> int:
     """The shared seed an epoch starting now would draw (DataLoader's draw), leaving the RNG as it is.
 
     Args:
         generator: the loader's generator; None: torch's global RNG.
+        group: the process group DataLoader's iterator made for the seed (its ``_pg``), or None
+            without one. Rank 0's draw is broadcast to every rank, as DataLoader does, so ranks
+            whose RNGs differ still shuffle alike; every rank must then call this (a collective).
     """
     state = generator.get_state() if generator is not None else torch.get_rng_state()
     try:
-        return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
+        seed = torch.empty((), dtype=torch.int64).random_(generator=generator)
     finally:
         if generator is not None:
             generator.set_state(state)
         else:
             torch.set_rng_state(state)
+    if group is not None:
+        dist.broadcast(seed, src=0, group=group)
+    return int(seed.item())
 
 
 def _shard_then_init(init_fn: Callable[[int], None] | None, world_size: int, rank: int, worker_id: int) -> None:

@@ -87,9 +87,10 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
             if self._shared_seed is not None:
                 # A DataPipe's seed: the one drawn before the epoch's start was
                 # captured (an iterator's first epoch), or else the one the
-                # epoch drew first from there, in DataLoader's _reset.
+                # epoch drew first from there, in DataLoader's _reset (rank
+                # 0's, under torch.distributed: every rank resumes here).
                 if plan.start.shared_seed is None:
-                    plan.start.shared_seed = peek_shared_seed(loader.generator)
+                    plan.start.shared_seed = peek_shared_seed(loader.generator, self._pg)
                 self._shared_seed = plan.start.shared_seed
         else:
             self._epoch_start = EpochStart.capture(loader, self._base_seed, shared_seed=self._shared_seed)
