@@ -194,6 +194,41 @@ def test_resume_iterable_dataset_with_its_own_state_dict(num_workers):
     assert interrupted(make, 1, 2) == uninterrupted(make)
 
 
+class OtherLoadersState(Sharded):
+    """A ``state_dict`` that needs arguments: another loader's protocol (litdata's StreamingDataset)."""
+
+    def state_dict(self, num_samples_yielded, num_workers, batch_size):
+        raise AssertionError("not ours to call")
+
+    def load_state_dict(self, state):
+        raise AssertionError("not ours to call")
+
+
+class OtherSamplersState(RandomSampler):
+    def state_dict(self, epoch):
+        raise AssertionError("not ours to call")
+
+    def load_state_dict(self, state):
+        raise AssertionError("not ours to call")
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_state_dict_that_needs_arguments_is_not_ours_the_dataset_is_fast_forwarded(num_workers, persistent):
+    make = lambda: ThreadDataLoader(OtherLoadersState(0, 30), batch_size=2, num_workers=num_workers,  # noqa: E731
+                                    persistent_workers=persistent and num_workers > 0)
+    expected = uninterrupted(make)
+    assert interrupted(make, 1, 3) == expected
+    assert _checkpoint_between_epochs(make) == expected
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_samplers_state_dict_that_needs_arguments_is_not_ours(num_workers):
+    make = lambda: ThreadDataLoader(Squares(20), sampler=OtherSamplersState(range(20)), batch_size=3,  # noqa: E731
+                                    num_workers=num_workers)
+    assert interrupted(make, 1, 2) == uninterrupted(make)
+
+
 @pytest.mark.parametrize("stop_epoch,stop_batch", [(1, 2), (1, 0), (0, 99)],
                          ids=["mid_epoch", "epoch_start", "between_epochs"])
 def test_persistent_workers_resume_the_state_of_their_own_dataset_copies(stop_epoch, stop_batch):

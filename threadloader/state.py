@@ -17,9 +17,10 @@ Everything in a state dict is a plain Python value or a CPU tensor, so
 from __future__ import annotations
 
 import contextlib
+import inspect
 import sys
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from torch.utils.data import BatchSampler, DistributedSampler, IterableDataset, SequentialSampler
@@ -51,7 +52,25 @@ def _sampler_objects(loader: Any) -> dict[str, Any]:
 
 
 def _has_state(obj: Any) -> bool:
-    return callable(_attr(obj, "state_dict")) and callable(_attr(obj, "load_state_dict"))
+    """Whether ``obj`` keeps its own state for us: ``state_dict()`` (no arguments) and ``load_state_dict``.
+
+    A ``state_dict`` that needs arguments follows another loader's protocol
+    (litdata's ``StreamingDataset.state_dict(num_samples_yielded, num_workers,
+    batch_size)``, which its ``StreamingDataLoader`` calls): not ours to call,
+    so such an object is fast-forwarded like one without a state.
+    """
+    state_dict = _attr(obj, "state_dict")
+    return callable(state_dict) and callable(_attr(obj, "load_state_dict")) and _takes_no_arguments(state_dict)
+
+
+def _takes_no_arguments(fn: Callable[..., Any]) -> bool:
+    try:
+        inspect.signature(fn).bind()
+    except TypeError:
+        return False
+    except ValueError:  # no signature to read (some builtins): assume it does
+        return True
+    return True
 
 
 def _epoch_of(obj: Any) -> int | None:
