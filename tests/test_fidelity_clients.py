@@ -497,3 +497,50 @@ def test_compat_finds_dataloaders_own_call_site():
 
     line = _torch_compat._call_site_line(torch_dataloader.DataLoader._get_iterator, "check_worker_number_rationality")
     assert "check_worker_number_rationality()" in linecache.getline(torch_dataloader.__file__, line)
+
+
+# --- Lightning's Trainer --------------------------------------------------------------
+
+def _lightning_fit(tmp_path, seen: list, seed: int, persistent: bool, ckpt_path=None, **trainer_args) -> None:
+    """Fit a model that records each batch's indices, on a shuffled ThreadDataLoader of 40 samples."""
+    L = pytest.importorskip("lightning")
+
+    class Recorder(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(1, 1)
+
+        def training_step(self, batch, batch_idx):
+            seen.append((self.current_epoch, batch[0].tolist()))
+            return self.lin(batch[0].float().unsqueeze(1)).sum()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.0)
+
+        def train_dataloader(self):
+            return ThreadDataLoader(torch.utils.data.TensorDataset(torch.arange(40)), batch_size=4, shuffle=True,
+                                    num_workers=2, persistent_workers=persistent)
+
+    L.seed_everything(seed, workers=True, verbose=False)
+    trainer = L.Trainer(accelerator="cpu", max_epochs=3, logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, num_sanity_val_steps=0, default_root_dir=tmp_path, **trainer_args)
+    trainer.fit(Recorder(), ckpt_path=ckpt_path)
+
+
+@pytest.mark.parametrize("stop,persistent", [(5, False), (13, True)], ids=["epoch0", "epoch1-persistent"])
+def test_lightning_resumes_a_preempted_fit_mid_epoch_with_the_same_batches(tmp_path, monkeypatch, stop, persistent):
+    # Lightning saves the loader's state_dict() in its checkpoint (the loader
+    # is Stateful) and loads it on restart: the resumed fit must see the
+    # batches the uninterrupted one saw, although the global RNG is elsewhere.
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    for name in ("PL_GLOBAL_SEED", "PL_SEED_WORKERS"):  # seed_everything sets them: restored after the test
+        monkeypatch.setenv(name, "")
+    full: list = []
+    _lightning_fit(tmp_path / "full", full, 7, persistent)
+    resumed: list = []
+    ckpt = ModelCheckpoint(dirpath=tmp_path, filename="preempted", every_n_train_steps=stop)
+    _lightning_fit(tmp_path / "run", resumed, 7, persistent, max_steps=stop, callbacks=[ckpt])
+    assert len(resumed) == stop
+    _lightning_fit(tmp_path / "run", resumed, 123, persistent, ckpt_path=tmp_path / "preempted.ckpt")
+    assert len(full) == 30 and resumed == full
