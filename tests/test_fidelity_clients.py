@@ -501,7 +501,19 @@ def test_compat_finds_dataloaders_own_call_site():
 
 # --- Lightning's Trainer --------------------------------------------------------------
 
-def _lightning_fit(tmp_path, seen: list, seed: int, persistent: bool, ckpt_path=None, **trainer_args) -> None:
+class _ShuffledStream(IterableDataset):
+    """40 samples, each worker's share in an order its own RNG draws; ``__len__`` so Lightning reads no batch ahead."""
+
+    def __len__(self) -> int:
+        return 40
+
+    def __iter__(self):
+        info = get_worker_info()
+        return iter([(i,) for i in torch.randperm(40)[info.id::info.num_workers].tolist()])  # batches as TensorDataset's
+
+
+def _lightning_fit(tmp_path, seen: list, seed: int, persistent: bool, ckpt_path=None, iterable: bool = False,
+                   **trainer_args) -> None:
     """Fit a model that records each batch's indices, on a shuffled ThreadDataLoader of 40 samples."""
     L = pytest.importorskip("lightning")
 
@@ -518,6 +530,9 @@ def _lightning_fit(tmp_path, seen: list, seed: int, persistent: bool, ckpt_path=
             return torch.optim.SGD(self.parameters(), lr=0.0)
 
         def train_dataloader(self):
+            if iterable:
+                return ThreadDataLoader(_ShuffledStream(), batch_size=4, num_workers=2,
+                                        persistent_workers=persistent)
             return ThreadDataLoader(torch.utils.data.TensorDataset(torch.arange(40)), batch_size=4, shuffle=True,
                                     num_workers=2, persistent_workers=persistent)
 
@@ -527,8 +542,10 @@ def _lightning_fit(tmp_path, seen: list, seed: int, persistent: bool, ckpt_path=
     trainer.fit(Recorder(), ckpt_path=ckpt_path)
 
 
-@pytest.mark.parametrize("stop,persistent", [(5, False), (13, True)], ids=["epoch0", "epoch1-persistent"])
-def test_lightning_resumes_a_preempted_fit_mid_epoch_with_the_same_batches(tmp_path, monkeypatch, stop, persistent):
+@pytest.mark.parametrize("stop,persistent,iterable", [(5, False, False), (13, True, False), (13, False, True)],
+                         ids=["epoch0", "epoch1-persistent", "epoch1-iterable"])
+def test_lightning_resumes_a_preempted_fit_mid_epoch_with_the_same_batches(tmp_path, monkeypatch, stop, persistent,
+                                                                          iterable):
     # Lightning saves the loader's state_dict() in its checkpoint (the loader
     # is Stateful) and loads it on restart: the resumed fit must see the
     # batches the uninterrupted one saw, although the global RNG is elsewhere.
@@ -537,10 +554,10 @@ def test_lightning_resumes_a_preempted_fit_mid_epoch_with_the_same_batches(tmp_p
     for name in ("PL_GLOBAL_SEED", "PL_SEED_WORKERS"):  # seed_everything sets them: restored after the test
         monkeypatch.setenv(name, "")
     full: list = []
-    _lightning_fit(tmp_path / "full", full, 7, persistent)
+    _lightning_fit(tmp_path / "full", full, 7, persistent, iterable=iterable)
     resumed: list = []
     ckpt = ModelCheckpoint(dirpath=tmp_path, filename="preempted", every_n_train_steps=stop)
-    _lightning_fit(tmp_path / "run", resumed, 7, persistent, max_steps=stop, callbacks=[ckpt])
+    _lightning_fit(tmp_path / "run", resumed, 7, persistent, iterable=iterable, max_steps=stop, callbacks=[ckpt])
     assert len(resumed) == stop
-    _lightning_fit(tmp_path / "run", resumed, 123, persistent, ckpt_path=tmp_path / "preempted.ckpt")
+    _lightning_fit(tmp_path / "run", resumed, 123, persistent, iterable=iterable, ckpt_path=tmp_path / "preempted.ckpt")
     assert len(full) == 30 and resumed == full
