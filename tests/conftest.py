@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 import time
 
@@ -60,3 +61,16 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     from multiprocessing import resource_sharer
 
     resource_sharer.stop(timeout=5)
+    # tqdm (Lightning's progress bar, the bench's) starts a daemon monitor
+    # thread at its first bar and never stops it: it was the one thread left
+    # running at exit in a run on torch 2.15.0.
+    tqdm = getattr(sys.modules.get("tqdm"), "tqdm", None)
+    monitor = getattr(tqdm, "monitor", None)
+    if monitor is not None:
+        monitor.exit()
+    # Name what is still running as the interpreter starts to finalize: the
+    # next crash at exit (if any) then points at a thread, with the
+    # tracebacks PYTHONFAULTHANDLER=1 prints (.ci/free-threaded sets it).
+    others = [t for t in threading.enumerate() if t is not threading.main_thread() and t.is_alive()]
+    if others:
+        print(f"\nthreads still running at the end of the session: {others}", file=sys.stderr)
