@@ -146,7 +146,12 @@ def datapipe_runs(rank: int) -> dict[str, list]:
     """
     def make(cls: type, persistent: bool) -> DataLoader:
         pipe = IterableWrapper(range(DATAPIPE_N)).shuffle().sharding_filter()
-        return cls(pipe, batch_size=DATAPIPE_BATCH, num_workers=2, persistent_workers=persistent)
+        # The oracle's worker processes come from a forkserver, not a fork of
+        # this process: CPython 3.11's child can deadlock in its after-fork
+        # clean-up when a thread was ending at the fork (a ThreadDataLoader's
+        # worker just joined; seen once in CI, 2026-11-28). Same batches.
+        context = {"multiprocessing_context": "forkserver"} if cls is DataLoader else {}
+        return cls(pipe, batch_size=DATAPIPE_BATCH, num_workers=2, persistent_workers=persistent, **context)
 
     def epochs(loader: DataLoader, n: int) -> list[list[list[int]]]:
         return [[b.tolist() for b in loader] for _ in range(n)]

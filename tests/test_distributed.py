@@ -8,6 +8,7 @@ checkpoint/resume in a second launch.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import math
@@ -75,8 +76,9 @@ def torchrun(script: Path, *args: str) -> str:
     for attempt in range(2):  # a second try only if another process took the port in between
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={WORLD}", "--nnodes=1",
                "--master_addr=127.0.0.1", f"--master_port={_free_port()}", str(script), *args]
-        # A session of its own, so a hang kills torchrun *and* its ranks (which
-        # hold the output pipe open: killing torchrun alone would block here).
+        # A session of its own for torchrun; its ranks (which hold the output
+        # pipe open) are each in a session of their own, so a hang kills them
+        # by pid too: killing torchrun alone would block the wait below.
         # TMPDIR: torchrun leaves a torchelastic_* log directory behind in it.
         with tempfile.TemporaryDirectory(prefix="torchrun_") as tmp:
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -84,7 +86,13 @@ def torchrun(script: Path, *args: str) -> str:
             try:
                 output, _ = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
             except subprocess.TimeoutExpired:
+                import psutil  # a test dependency
+
+                family = psutil.Process(proc.pid).children(recursive=True)
                 os.killpg(proc.pid, signal.SIGKILL)
+                for p in family:
+                    with contextlib.suppress(psutil.NoSuchProcess):
+                        p.kill()
                 output, _ = proc.communicate()
                 pytest.fail(f"torchrun timed out after {LAUNCH_TIMEOUT_S} s: {' '.join(cmd)}\n{output[-8000:]}")
         if proc.returncode == 0:
