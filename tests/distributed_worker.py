@@ -147,9 +147,10 @@ def datapipe_runs(rank: int) -> dict[str, list]:
     def make(cls: type, persistent: bool) -> DataLoader:
         pipe = IterableWrapper(range(DATAPIPE_N)).shuffle().sharding_filter()
         # The oracle's worker processes come from a forkserver, not a fork of
-        # this process: CPython 3.11's child can deadlock in its after-fork
-        # clean-up when a thread was ending at the fork (a ThreadDataLoader's
-        # worker just joined; seen once in CI, 2026-11-28). Same batches.
+        # this process: before 3.11.10, CPython's child can deadlock in its
+        # after-fork clean-up when a native thread was entering Python at the
+        # fork (CPython gh-112275; seen once in CI, 2026-11-28; see
+        # tools/fork_race.py). Same batches.
         context = {"multiprocessing_context": "forkserver"} if cls is DataLoader else {}
         return cls(pipe, batch_size=DATAPIPE_BATCH, num_workers=2, persistent_workers=persistent, **context)
 

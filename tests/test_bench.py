@@ -283,6 +283,33 @@ def test_cell_error_without_bad_files_is_marked_not_fatal(tmp_path, small_root, 
     assert measured and all(r["img/s"] is None and r["note"] == "failed: RuntimeError: worker exploded" for r in measured)
 
 
+def test_worker_processes_above_a_rows_workers_is_said_in_one_line(tmp_path, small_root, monkeypatch, capsys) -> None:
+    require_torchvision()
+    if not pipelines.supports_worker_processes():
+        pytest.skip("no worker_processes rows here")
+    built = []
+    real_build = pipelines.build_loader
+
+    def spy(name, config, root, workers, worker_processes=None, **kwargs):
+        if name == pipelines.THREADS_IN_PROCESSES:
+            built.append((workers, pipelines.worker_processes_for(workers, worker_processes)))
+        return real_build(name, config, root, workers=workers, worker_processes=worker_processes, **kwargs)
+
+    monkeypatch.setattr(measure, "build_loader", spy)
+    monkeypatch.setattr(measure, "measure", lambda loader, **kwargs: measure.Measurement(8, 0.01, 0.001, 2, True))
+    monkeypatch.setattr(cli, "python_time_per_image", lambda *a, **k: None)
+    monkeypatch.setattr(cli, "kernel_bound_rate", lambda files, size, processes, **kwargs: (10.0 * processes, 7))
+    argv = ["--smoke", "--root", str(small_root), "--configs", "batch", "--workers", "1,2", "--out", str(tmp_path),
+            "--no-progress"]
+    rows = bench.main([*argv, "--worker-processes", "2"])
+    err = capsys.readouterr().err
+    assert err.count("note:") == 1 and "--worker-processes 2 is more than the workers of the rows at 1 workers" in err
+    assert built == [(1, 1), (2, 2)]
+    assert [r["note"] for r in rows if r["loader"] == pipelines.THREADS_IN_PROCESSES] == ["P=1", "P=2"]
+    bench.main([*argv, "--worker-processes", "1"])
+    assert "note:" not in capsys.readouterr().err
+
+
 def test_worker_processes_rows_follow_the_signature(monkeypatch) -> None:
     import inspect
 

@@ -201,7 +201,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help=f"comma-separated subset of {','.join(CONFIGS)} (default: all; gpu needs CUDA)")
     parser.add_argument("--device", type=parse_device, default="cuda", help="device of the gpu config (default cuda)")
     parser.add_argument("--worker-processes", type=positive_int, default=None,
-                        help="P for the 'ThreadDataLoader, processes' rows (default: workers // 4, at least 1)")
+                        help="P for the 'ThreadDataLoader, processes' rows (default: workers // 4, at least 1; never more than a row's workers)")
     parser.add_argument("--skip-bad-files", action="store_true",
                         help="check every image first and leave out unreadable ones (as ImageFolder's is_valid_file)")
     parser.add_argument("--out", default="bench-out", help="output folder for table, CSV, PNG and log (default ./bench-out)")
@@ -429,6 +429,9 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         loaders = [name for name in ALL_LOADERS if name != THREADS_IN_PROCESSES or supports_worker_processes()]
         if THREADS_IN_PROCESSES not in loaders:
             log.info("ThreadDataLoader has no worker_processes here: no '%s' rows", THREADS_IN_PROCESSES)
+        elif (note := _capped_processes_note(s["workers"], args.worker_processes)) is not None:
+            log.info("%s", note)
+            print(f"{PROG}: note: {note}", file=sys.stderr)
         print(f"data: {root} ({len(files)} images); batch {s['batch_size']}, {s['size']}x{s['size']}, "
               f"workers {','.join(map(str, s['workers']))}, {cores} cores", flush=True)
         # A new results.csv starts here: the old run's table and plot would
@@ -498,6 +501,22 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
 _KERNEL_BOUND_RUN: dict[str, tuple[float, int, int | None]] = {
     "full": (2.0, 3, None), "quick": (1.0, 3, None), "smoke": (0.25, 2, 8),
 }
+
+
+def _capped_processes_note(workers: list[int], requested: int | None) -> str | None:
+    """Why some rows run fewer processes than ``--worker-processes`` asked, or None.
+
+    A process needs at least one of the row's threads, so P is capped at the
+    worker count (the row's note says P=...); a user should not have to find that
+    in the table.
+    """
+    if requested is None:
+        return None
+    capped = [w for w in workers if w < requested]
+    if not capped:
+        return None
+    return (f"--worker-processes {requested} is more than the workers of the rows at "
+            f"{','.join(map(str, capped))} workers: there P is the worker count (one thread per process)")
 
 
 def _kernel_bounds(
