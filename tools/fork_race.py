@@ -2,10 +2,10 @@
 
 On CPython 3.8 to 3.11.9 a child forked while another thread holds the interpreter's
 thread-list lock waits on that lock for ever (``PyOS_AfterFork_Child`` ->
-``_PyEval_ReInitThreads`` -> ``_PyThreadState_DeleteExcept``). A Python thread holds
-that lock only with the GIL, which the forking thread holds, so the holder is a
-thread without the GIL: a native thread entering Python (``PyGILState_Ensure``
-makes its thread state under the lock). This tool forks N times in one of two
+``_PyEval_ReInitThreads`` -> ``_PyThreadState_DeleteExcept``). As we read 3.11, a
+Python thread takes that lock only while holding the GIL, which the forking thread
+holds, so the holder is a thread without the GIL, such as a native thread entering
+Python (``PyGILState_Ensure`` makes its thread state under the lock). This tool forks N times in one of two
 settings and counts the children that do not exit within 5 s:
 
   native  a helper thread keeps starting native threads (``pthread_create`` through
