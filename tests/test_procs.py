@@ -1476,3 +1476,63 @@ def test_a_pool_stopped_from_its_receiver_thread_leaves_nothing_mapped():
     out = subprocess.run([sys.executable, "-c", GC_IN_RECEIVER_CHILD], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["0", "0"]
+
+
+FORK_HANGS_CHILD = textwrap.dedent(
+    """
+    import json, os, sys, time, warnings
+    import psutil
+    from threadloader import ThreadDataLoader
+    from threadloader._procs import pool as procs_pool
+
+    hangs, marks = int(sys.argv[1]), sys.argv[2]
+    procs_pool.FORK_START_S = 1.0
+
+    def hang_in_the_fork():
+        # The first `hangs` forks never get past their after-fork clean-up, as
+        # a child of CPython gh-112275. Each fork appends a byte to `marks`: the
+        # offset after an O_APPEND write is that fork's own number.
+        fd = os.open(marks, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        os.write(fd, b"x")
+        number = os.lseek(fd, 0, os.SEEK_CUR)
+        os.close(fd)
+        if number <= hangs:
+            time.sleep(3600)
+
+    os.register_at_fork(after_in_child=hang_in_the_fork)
+    loader = ThreadDataLoader(list(range(16)), batch_size=4, num_workers=2, worker_processes=2,
+                              multiprocessing_context="fork")
+    out = {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            out["batches"] = [b.tolist() for b in loader]
+        except RuntimeError as e:
+            out["error"] = str(e)
+    out["warnings"] = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    out["forks"] = os.path.getsize(marks)
+    out["children"] = [c.pid for c in psutil.Process().children(recursive=True)]
+    print(json.dumps(out))
+    """
+)
+
+
+@pytest.mark.parametrize("hangs", [0, 1, 6])
+def test_a_child_hung_in_its_fork_is_forked_again_and_at_last_reported(hangs, tmp_path):
+    # CPython before 3.11.10 (gh-112275) can leave a forked child waiting for
+    # ever before it runs any code: DataLoader would wait for ever too. A child
+    # silent for FORK_START_S is killed and forked again (warned); after
+    # FORK_ATTEMPTS forks it is an error naming the cure. Nothing is left.
+    out = subprocess.run([sys.executable, "-c", FORK_HANGS_CHILD, str(hangs), str(tmp_path / "forks")], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["children"] == []
+    if hangs == 6:  # both children's three forks hung
+        assert "did not start: 3 forks of this process hung" in result["error"]
+        assert "multiprocessing_context='forkserver'" in result["error"]
+        assert result["forks"] == 6 and len(result["warnings"]) == 4
+        return
+    assert result["batches"] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
+    assert result["forks"] == 2 + hangs and len(result["warnings"]) == hangs
+    assert all("gh-112275" in w and "forked again" in w for w in result["warnings"])

@@ -92,6 +92,10 @@ def child_main(
     arena_batches: int,
 ) -> None:
     """Body of one worker process: run its worker threads until told to stop or orphaned."""
+    array = counters.numpy()
+    # The first sign of life, which the parent awaits from a forked child
+    # (ProcessPool._fork_again_where_hung): the child got past its fork.
+    array[worker_ids[0], CPU] = process_cpu_seconds()
     # Ctrl-C is the parent's to handle. A handler that does nothing, not
     # SIG_IGN: an ignored signal stays ignored across exec, in every program
     # the dataset runs (ffmpeg would ignore Ctrl-C); a handler does not.
@@ -115,7 +119,6 @@ def child_main(
     # parent's copy in every child.
     worker.seed_process(cfg.base_seed, worker_ids[0])
     cfg = dataclasses.replace(cfg, owns_process=len(worker_ids) == 1)
-    array = counters.numpy()
     rows = {w: ArrayCounters(array, w) for w in worker_ids}
     pool = ThreadPool(cfg, worker_ids, ParcelQueue(results), rows)
     try:

@@ -35,6 +35,7 @@ import queue
 import signal
 import threading
 import time
+import warnings
 from multiprocessing import connection as mp_connection
 from typing import Any
 
@@ -55,6 +56,23 @@ __all__ = ["ProcessPool", "check_worker_processes"]
 
 #: How long a dead child's exit code may take to appear when another thread reaps it.
 EXIT_CODE_WAIT_S = 1.0
+
+#: How long a forked child may take to reach its own code (child_main) before
+#: it counts as hung in the fork, and how many forks a child gets. CPython
+#: before 3.11.10 (gh-112275) can leave a forked child waiting for ever in its
+#: after-fork clean-up; the race is rare, so a new fork almost always starts.
+#: A child counted as hung wrongly has run none of the loader's code: starting
+#: another costs only the wait.
+FORK_START_S = 10.0
+FORK_ATTEMPTS = 3
+
+#: Warned when a forked child hung before running any code and was started again.
+FORK_HANG_WARNING = (
+    "ThreadDataLoader: a worker process forked for worker_processes did not start within {seconds:g} s "
+    "(its fork hung in CPython's after-fork clean-up: CPython gh-112275, fixed in 3.11.10 and 3.12, or an "
+    "at-fork handler waiting on a lock); it was killed and forked again. "
+    "multiprocessing_context='forkserver' or 'spawn' does not fork this process."
+)
 
 #: DataLoader's warning when starting a worker process fails to pickle its
 #: arguments (torch.utils.data.dataloader), word for word.
@@ -123,6 +141,16 @@ class _Child:
 
     def _writer(self) -> Any:
         return getattr(self.results, "_writer", None)  # multiprocessing.Queue's end (not public API)
+
+    def discard(self) -> None:
+        """Kill this child, which has run none of the loader's code, and close this process's ends of its queues."""
+        self.process.kill()
+        self.process.join()
+        self.close_writing_end()
+        for q in (self.jobs, self.results):
+            q.cancel_join_thread()
+            q.close()
+        self.mirror.close()
 
     def close_writing_end(self) -> None:
         """Close this process's copy of the write end of the child's result queue (the child has its own; idempotent).
@@ -220,26 +248,36 @@ class ProcessPool:
         # ask for it when that thread is the main thread (its end is the process's).
         death_signal = threading.current_thread() is threading.main_thread()
         self._children: list[_Child] = []
+
+        def start_child(p: int) -> _Child:
+            # One child at a time across pools: another pool's fork must not
+            # fall between this pipe's creation and its registration.
+            with _start_lock:
+                child = _Child(self._ctx, p, list(range(p, num_workers, num_processes)))
+                if p < len(self._children):
+                    self._children[p] = child
+                else:
+                    self._children.append(child)
+                # Its batches in circulation: in flight, the one the
+                # consumer holds, the one being pinned (sizes its arena).
+                arena_batches = prefetch_factor * len(child.worker_ids) + 2
+                child.process = self._ctx.Process(
+                    target=child_main,
+                    args=(child_cfg, child.worker_ids, child.jobs, child.results, self._counter_tensor,
+                          os.getpid(), death_signal, child.mirror.token, arena_batches),
+                    name=f"threadloader-process-{p}",
+                    daemon=True,
+                )
+                with _fork.forking_for(child):  # its child (fork) keeps its result pipe's write end
+                    _start(child.process)
+                child.close_writing_end()
+                return child
+
         try:
             for p in range(num_processes):
-                # One child at a time across pools: another pool's fork must not
-                # fall between this pipe's creation and its registration.
-                with _start_lock:
-                    child = _Child(self._ctx, p, list(range(p, num_workers, num_processes)))
-                    self._children.append(child)
-                    # Its batches in circulation: in flight, the one the
-                    # consumer holds, the one being pinned (sizes its arena).
-                    arena_batches = prefetch_factor * len(child.worker_ids) + 2
-                    child.process = self._ctx.Process(
-                        target=child_main,
-                        args=(child_cfg, child.worker_ids, child.jobs, child.results, self._counter_tensor,
-                              os.getpid(), death_signal, child.mirror.token, arena_batches),
-                        name=f"threadloader-process-{p}",
-                        daemon=True,
-                    )
-                    with _fork.forking_for(child):  # its child (fork) keeps its result pipe's write end
-                        _start(child.process)
-                    child.close_writing_end()
+                start_child(p)
+            if _start_method(self._ctx) == "fork":
+                self._fork_again_where_hung(array, start_child)
             for child in self._children:
                 child.receiver = threading.Thread(
                     target=_receive, args=(self, child), name=f"threadloader-receiver-{child.index}", daemon=True
@@ -249,6 +287,39 @@ class ProcessPool:
             self.stop()
             raise
         self._by_worker.update((w, c) for c in self._children for w in c.worker_ids)
+
+    def _fork_again_where_hung(self, array: np.ndarray, start_child: Any) -> None:
+        """Kill and fork again each child that has not reached its own code within :data:`FORK_START_S`.
+
+        A child's first act is to write its CPU time into ``array`` (NaN until
+        then). No job was sent to any child yet, so a new one replaces a hung
+        one unnoticed.
+
+        Raises:
+            RuntimeError: a child still hung after :data:`FORK_ATTEMPTS` forks.
+        """
+        for attempt in range(1, FORK_ATTEMPTS + 1):
+            deadline = time.monotonic() + FORK_START_S
+            waiting = list(self._children)
+            while waiting and time.monotonic() < deadline:
+                # Started, or already gone (its receiver reports a death).
+                waiting = [c for c in waiting if np.isnan(array[c.worker_ids[0], CPU]) and c.process.exitcode is None]
+                if waiting:
+                    time.sleep(0.002)
+            if not waiting:
+                return
+            for child in waiting:
+                child.discard()
+            if attempt == FORK_ATTEMPTS:
+                raise RuntimeError(
+                    f"DataLoader worker process {waiting[0].index} did not start: {FORK_ATTEMPTS} forks of this "
+                    f"process hung for {FORK_START_S:g} s each before running any code (CPython's after-fork "
+                    "clean-up: CPython gh-112275 before 3.11.10, or an at-fork handler waiting on a lock). "
+                    "Use multiprocessing_context='forkserver' or 'spawn'."
+                )
+            for child in waiting:
+                warnings.warn(FORK_HANG_WARNING.format(seconds=FORK_START_S), RuntimeWarning, stacklevel=2)
+                start_child(child.index)
 
     @property
     def pids(self) -> list[int]:
@@ -379,6 +450,14 @@ class ProcessPool:
         for counters in self.counters:
             counters.detach()
         self._counter_tensor = None
+
+
+def _start_method(ctx: Any) -> str | None:
+    """The start method of ``ctx`` (a multiprocessing context, or torch.multiprocessing for the default)."""
+    try:
+        return ctx.get_start_method()
+    except (AttributeError, RuntimeError):  # pragma: no cover - not a context
+        return None
 
 
 def _start(process: Any) -> None:
