@@ -310,6 +310,7 @@ class ProcessPool:
                 return
             for child in waiting:
                 child.discard()
+                array[child.worker_ids[0], CPU] = np.nan  # in case it wrote just before it was killed
             if attempt == FORK_ATTEMPTS:
                 raise RuntimeError(
                     f"DataLoader worker process {waiting[0].index} did not start: {FORK_ATTEMPTS} forks of this "
