@@ -12,8 +12,11 @@ settings and counts the children that do not exit within 5 s:
           ctypes) that call into Python: the bug's trigger.
   loader  a ThreadDataLoader epoch (4 threads started, joined) right before each
           fork: the question whether our threads' ends are a trigger.
+  guard   the native setting, with N ThreadDataLoader epochs of worker_processes=2
+          forked children in place of bare forks: counts the children the pool's
+          guard killed and forked again, and the epochs that failed.
 
-Usage: python tools/fork_race.py native|loader N [--gdb]
+Usage: python tools/fork_race.py native|loader|guard N [--gdb]
 (--gdb prints the first hung child's native stack, where gdb is installed.)
 """
 from __future__ import annotations
@@ -53,17 +56,41 @@ def _fork_and_wait(show_stack: bool) -> bool:
     return False
 
 
+def _guarded_epochs(epochs: int) -> int:
+    import warnings
+
+    from threadloader import ThreadDataLoader
+
+    loader = ThreadDataLoader(list(range(8)), batch_size=4, num_workers=2, worker_processes=2,
+                              multiprocessing_context="fork")
+    failed = 0
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(epochs):
+            try:
+                for _batch in loader:
+                    pass
+            except RuntimeError:
+                failed += 1
+    forked_again = sum("forked again" in str(w.message) for w in caught)
+    print(f"CPython {sys.version.split()[0]}, guard: {epochs} epochs ({2 * epochs} forks at least), "
+          f"{forked_again} children hung and forked again, {failed} epochs failed")
+    return 0
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) < 2 or argv[0] not in ("native", "loader"):
+    if len(argv) < 2 or argv[0] not in ("native", "loader", "guard"):
         print(__doc__.strip().splitlines()[-2], file=sys.stderr)
         return 2
     mode, forks, gdb = argv[0], int(argv[1]), "--gdb" in argv
     hung = 0
-    if mode == "native":
+    if mode in ("native", "guard"):
         stop = threading.Event()
         churn = threading.Thread(target=_native_threads_entering_python, args=(stop,))
         churn.start()
         try:
+            if mode == "guard":
+                return _guarded_epochs(forks)
             for _ in range(forks):
                 hung += not _fork_and_wait(gdb and not hung)
         finally:
