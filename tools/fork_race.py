@@ -5,13 +5,14 @@ thread-list lock waits on that lock for ever (``PyOS_AfterFork_Child`` ->
 ``_PyEval_ReInitThreads`` -> ``_PyThreadState_DeleteExcept``). As we read 3.11, a
 Python thread takes that lock only while holding the GIL, which the forking thread
 holds, so the holder is a thread without the GIL, such as a native thread entering
-Python (``PyGILState_Ensure`` makes its thread state under the lock). This tool forks N times in one of two
-settings and counts the children that do not exit within 5 s:
+Python (``PyGILState_Ensure`` makes its thread state under the lock). This tool
+counts the children that hang, in one of three settings:
 
-  native  a helper thread keeps starting native threads (``pthread_create`` through
+  native  N forks (a child that has not exited within 5 s counts as hung) while a
+          helper thread keeps starting native threads (``pthread_create`` through
           ctypes) that call into Python: the bug's trigger.
-  loader  a ThreadDataLoader epoch (4 threads started, joined) right before each
-          fork: the question whether our threads' ends are a trigger.
+  loader  N forks, each right after a ThreadDataLoader epoch (4 threads started,
+          joined): the question whether our threads' ends are a trigger.
   guard   the native setting, with N ThreadDataLoader epochs of worker_processes=2
           forked children in place of bare forks: counts the children the pool's
           guard killed and forked again, and the epochs that failed.
@@ -24,6 +25,7 @@ from __future__ import annotations
 import ctypes
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -51,7 +53,7 @@ def _fork_and_wait(show_stack: bool) -> bool:
         time.sleep(0.001)
     if show_stack and shutil.which("gdb"):
         subprocess.run(["gdb", "-p", str(pid), "-batch", "-ex", "bt"], check=False)
-    os.kill(pid, 9)
+    os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
     return False
 

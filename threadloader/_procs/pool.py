@@ -146,11 +146,15 @@ class _Child:
         """Kill this child, which has run none of the loader's code, and close this process's ends of its queues."""
         self.process.kill()
         self.process.join()
-        self.close_writing_end()
+        self.mirror.close()
+        self.close_queues()
+
+    def close_queues(self) -> None:
+        """Close this process's ends of the child's job and result queues (idempotent)."""
+        self.close_writing_end()  # a child that failed to start still had it
         for q in (self.jobs, self.results):
             q.cancel_join_thread()
             q.close()
-        self.mirror.close()
 
     def close_writing_end(self) -> None:
         """Close this process's copy of the write end of the child's result queue (the child has its own; idempotent).
@@ -276,7 +280,8 @@ class ProcessPool:
         try:
             for p in range(num_processes):
                 start_child(p)
-            if _start_method(self._ctx) == "fork":
+            # A context, or torch.multiprocessing (the default context's method, set by the starts above).
+            if self._ctx.get_start_method() == "fork":
                 self._fork_again_where_hung(array, start_child)
             for child in self._children:
                 child.receiver = threading.Thread(
@@ -437,10 +442,7 @@ class ProcessPool:
                 child.receiver.join(timeout=max(0.0, receivers_deadline - time.monotonic()))
                 if child.receiver.is_alive():
                     continue
-            child.close_writing_end()  # a child that failed to start still had it
-            for q in (child.jobs, child.results):
-                q.cancel_join_thread()
-                q.close()
+            child.close_queues()
             # The Process objects stay open (DataLoader never closes its
             # workers either): ``_workers`` must keep answering. Their pipes
             # close when the pool is collected.
@@ -451,14 +453,6 @@ class ProcessPool:
         for counters in self.counters:
             counters.detach()
         self._counter_tensor = None
-
-
-def _start_method(ctx: Any) -> str | None:
-    """The start method of ``ctx`` (a multiprocessing context, or torch.multiprocessing for the default)."""
-    try:
-        return ctx.get_start_method()
-    except (AttributeError, RuntimeError):  # pragma: no cover - not a context
-        return None
 
 
 def _start(process: Any) -> None:
