@@ -27,11 +27,19 @@ import threading
 import time
 from typing import Any, Iterator
 
-import psutil
 import torch
 from torch.utils.data import BatchSampler, Dataset, RandomSampler, Sampler
 
 from threadloader import ThreadDataLoader
+
+
+def _psutil() -> Any:
+    """psutil, imported only for a run (``--help`` works without it)."""
+    try:
+        import psutil
+    except ImportError:
+        raise SystemExit("examples/soak.py reads memory through psutil: pip install psutil") from None
+    return psutil
 
 
 class SmallTensors(Dataset):
@@ -112,7 +120,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     loader = ThreadDataLoader(dataset, batch_sampler=batch_sampler, num_workers=args.workers,
                               prefetch_factor=args.prefetch_factor, persistent_workers=True,
                               in_order=not args.unordered)
-    proc = psutil.Process()
+    proc = _psutil().Process()
     rows: list[dict[str, Any]] = []
     print(f"{'batches':>10} {'epoch':>5} {'batches/s':>10} {'rss MB':>8} {'growth':>7} "
           f"{'in flight':>9} {'fetching':>8} {'threads':>7}", flush=True)

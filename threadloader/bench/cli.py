@@ -44,6 +44,7 @@ from threadloader.bench.pipelines import (
 from threadloader.bench.report import (
     COLUMNS,
     CsvRows,
+    bound_notes,
     format_python_time,
     format_table,
     run_metadata,
@@ -419,6 +420,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         t0 = time.perf_counter()
         root, files = _data(args, s)
         allowed = None
+        found = len(files)
         if args.skip_bad_files:
             files, allowed = _skip_bad(files, not args.no_progress)
         _check_classes(root, files)
@@ -432,7 +434,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         elif (note := _capped_processes_note(s["workers"], args.worker_processes)) is not None:
             log.info("%s", note)
             print(f"{PROG}: note: {note}", file=sys.stderr)
-        print(f"data: {root} ({len(files)} images); batch {s['batch_size']}, {s['size']}x{s['size']}, "
+        print(f"data: {root} ({_image_count(found, len(files))}); batch {s['batch_size']}, {s['size']}x{s['size']}, "
               f"workers {','.join(map(str, s['workers']))}, {cores} cores", flush=True)
         # A new results.csv starts here: the old run's table and plot would
         # sit beside it as if they were this run's, should it fail.
@@ -495,6 +497,13 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         log.removeHandler(handler)
         handler.close()
         os.replace(partial, out / ("bench.log" if done else "bench-failed.log"))
+
+
+def _image_count(found: int, used: int) -> str:
+    """``"10 images"``, or ``"10 images, 2 unreadable left out: 8 used"`` after --skip-bad-files."""
+    if found == used:
+        return f"{used} images"
+    return f"{found} images, {found - used} unreadable left out: {used} used"
 
 
 #: The kernel-bound measurement per mode: seconds per round, rounds (the best is kept), images cap per process and round.
@@ -563,7 +572,8 @@ def _report(
     heading = (f"{PROG}: batch {meta['batch_size']}, {meta['size']}x{meta['size']}, {meta['cores']} cores, "
                f"{meta['device']}, Python {meta['python']}, torch {meta['torch']}, {meta['date']}")
     table = format_table(rows, COLUMNS)
-    summary = format_table(summarize(rows))
+    summary_rows = summarize(rows)
+    summary = "\n".join([format_table(summary_rows), *bound_notes(summary_rows)])
     pt = format_python_time(python_time)
     text = f"{heading}\ndata: {root}\n\n{table}\n\n{summary}\n\n{pt}\n"
     (out / "results.txt").write_text(text)

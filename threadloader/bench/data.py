@@ -22,6 +22,10 @@ __all__ = [
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
+#: ``datagen.make_imagenet_like``'s typical image size, ImageNet's most common one.
+DEFAULT_IMAGE_SIZE = (375, 500)
+
+
 class BenchError(Exception):
     """An expected problem with the bench's input or output, told in one line (no traceback)."""
 
@@ -139,8 +143,10 @@ def prepare_dataset(
 
     base = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
     # One folder per shape of data set, so quick/smoke/full runs never regenerate each other's.
+    # The default image size is left out of the name: every caller asking for
+    # the same set (the main job, the image pipeline example) shares one copy.
     name = f"{num_classes}x{images_per_class}-seed{seed}"
-    if "size" in kwargs:
+    if "size" in kwargs and tuple(kwargs["size"]) != DEFAULT_IMAGE_SIZE:
         name += "-{}x{}".format(*kwargs["size"])
     target = base / "imagenet-like" / name
     return Path(

@@ -21,9 +21,11 @@ from threadloader.bench.usage import usable_cores
 __all__ = [
     "COLUMNS",
     "CsvRows",
+    "bound_notes",
     "build_figure",
     "format_python_time",
     "format_table",
+    "label_positions",
     "progress_bar",
     "run_metadata",
     "summarize",
@@ -118,6 +120,21 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 "faults/img": peak.get("faults/img"),
             })
     return out
+
+
+def bound_notes(summary: Sequence[dict[str, Any]]) -> list[str]:
+    """One line per loader whose peak exceeds the kernel bound (``of kernel bound`` above 1.0).
+
+    The bound is measured after the loaders. A machine that got busier in
+    between gives a bound below what the loaders reached: the line says so,
+    so that nobody reads it as a loader beating its own kernel.
+    """
+    over = [s for s in summary if s.get("of kernel bound") and s["of kernel bound"] > 1.0]
+    return [
+        f"note: {s['loader']} ({s['config']}) reached {s['of kernel bound']:.2f} of the kernel bound: the machine was "
+        f"busier while the bound was measured, so it is no bound in this run; rerun on a quiet machine"
+        for s in over
+    ]
 
 
 class CsvRows:
@@ -234,16 +251,19 @@ def build_figure(rows: Sequence[dict[str, Any]], meta: dict[str, Any], title: st
         mine = [r for r in rows if r["config"] == config and r["img/s"]]
         base = max((r["img/s"] for r in mine if r["loader"] == BASELINE), default=None)
         peaks = []  # (workers, peak, color) of each loader labelled with its speed-up
+        markers: dict[int, list[float]] = {}
         for i, name in enumerate(loaders):
             pts = sorted((r["workers"], r["img/s"]) for r in mine if r["loader"] == name)
             if not pts:
                 continue
+            for w, y in pts:
+                markers.setdefault(w, []).append(y)
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color=colors[i % len(colors)],
                     linestyle=styles.get(name, "-"), label=name)
             if base and name not in (BASELINE, KERNEL_BOUND):
                 peaks.append((*max(pts, key=lambda p: p[1]), colors[i % len(colors)]))
         ax.set_ylim(bottom=0, top=max(ax.get_ylim()[1], 1.0) * 1.15)  # room for the labels above the peaks
-        _label_peaks(ax, peaks, base)
+        _label_peaks(ax, peaks, base, markers)
         ax.set_title(config, fontsize=10)
         ax.set_xlabel("workers (processes / threads)")
         if workers:
@@ -266,20 +286,48 @@ def build_figure(rows: Sequence[dict[str, Any]], meta: dict[str, Any], title: st
     return fig
 
 
-def _label_peaks(ax: Any, peaks: list[tuple[int, float, str]], base: float | None) -> None:
-    """Write ``xN`` (peak / DataLoader's peak) above each loader's peak, in its colour.
+def label_positions(
+    peaks: Sequence[tuple[int, float]], markers: dict[int, list[float]], height: float, marker: float
+) -> list[float]:
+    """The bottom of each peak's label, in data units, clear of every marker and of the other labels.
 
-    Labels above one worker count are stacked bottom-up by peak, at least one
-    label height apart, so that close peaks never print over each other.
+    Args:
+        peaks: ``(workers, img/s)`` of each labelled peak.
+        markers: workers -> the y of every marker drawn at that worker count.
+        height: one label's height.
+        marker: a marker's half height.
+
+    Returns:
+        One y per peak, in the order given. A label starts just above its
+        peak and moves up past any marker or label it would cover.
     """
-    gap = 0.055 * ax.get_ylim()[1]  # one label's height at fontsize 8, in data units
-    for w in sorted({p[0] for p in peaks}):
-        floor = 0.0
-        for _, peak, color in sorted(p for p in peaks if p[0] == w):
-            y = max(peak + 0.02 * ax.get_ylim()[1], floor)
-            ax.annotate(f"x{peak / base:.2f}", (w, y), ha="center", va="bottom", fontsize=8, color=color,
-                        bbox=dict(boxstyle="square,pad=0.1", fc="white", ec="none", alpha=0.8))
-            floor = y + gap
+    taken: dict[int, list[tuple[float, float]]] = {}
+    for w, ys in markers.items():
+        taken[w] = [(y - marker, y + marker) for y in ys]
+    out: dict[int, float] = {}
+    for i in sorted(range(len(peaks)), key=lambda j: (peaks[j][0], peaks[j][1])):
+        w, peak = peaks[i]
+        y = peak + marker
+        moved = True
+        while moved:  # each pass either settles or moves above one obstacle
+            moved = False
+            for low, high in taken.get(w, []):
+                if y < high and y + height > low:
+                    y, moved = high, True
+        taken.setdefault(w, []).append((y, y + height))
+        out[i] = y
+    return [out[i] for i in range(len(peaks))]
+
+
+def _label_peaks(ax: Any, peaks: list[tuple[int, float, str]], base: float | None, markers: dict[int, list[float]]) -> None:
+    """Write ``xN`` (peak / DataLoader's peak) above each loader's peak, in its colour, clear of the markers."""
+    top = ax.get_ylim()[1]
+    ys = label_positions([(w, p) for w, p, _ in peaks], markers, height=0.055 * top, marker=0.03 * top)
+    for (w, peak, color), y in zip(peaks, ys):
+        ax.annotate(f"x{peak / base:.2f}", (w, y), ha="center", va="bottom", fontsize=8, color=color,
+                    bbox=dict(boxstyle="square,pad=0.1", fc="white", ec="none", alpha=0.8))
+    if ys:  # a label moved above the others stays inside the panel
+        ax.set_ylim(top=max(top, max(ys) + 0.08 * top))
 
 
 def write_plot(

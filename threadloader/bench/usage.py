@@ -9,13 +9,17 @@ Two numbers that tell where a loader's time goes, beside its rate:
   faults serialise on the address space's lock, which is why the buffer pools
   exist.
 
-Worker processes are found as live descendants of this process; processes that
-ended are not counted (the loaders' workers live as long as the timed part).
+Worker processes are found as live descendants of this process. A child that
+ended and was reaped still counts: the kernel adds its totals to this
+process's ``RUSAGE_CHILDREN``. Without that, a DataLoader whose epoch ends
+inside the timed part would lose its workers' CPU time and show negative
+cores.
 """
 
 from __future__ import annotations
 
 import os
+import resource
 import time
 from dataclasses import dataclass
 
@@ -109,18 +113,26 @@ def _descendants(pid: int, table: dict[int, list[bytes]]) -> list[int]:
     return found
 
 
-def usage() -> Usage | None:
-    """CPU time and page faults so far of this process and its live descendants, or None.
+def _reaped_children() -> Usage:
+    """CPU time and page faults of this process's children that ended and were waited for."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return Usage(r.ru_utime + r.ru_stime, r.ru_minflt + r.ru_majflt)
 
-    Linux only (``/proc``); None elsewhere or when unreadable. CPU time is
-    read from each process's CPU clock (nanoseconds); where that fails, from
-    ``/proc`` in clock ticks (usually 10 ms), which ``resolution_s`` says.
+
+def usage() -> Usage | None:
+    """CPU time and page faults so far of this process and its descendants, or None.
+
+    Live descendants are read from ``/proc``; children that ended and were
+    reaped from ``RUSAGE_CHILDREN``. Linux only (``/proc``); None elsewhere
+    or when unreadable. CPU time is read from each process's CPU clock
+    (nanoseconds); where that fails, from ``/proc`` in clock ticks (usually
+    10 ms), which ``resolution_s`` says.
     """
     try:
         tick_s = 1.0 / os.sysconf("SC_CLK_TCK")
         table = _processes()
         me = os.getpid()
-        total = _usage_of(me, table[me], tick_s)
+        total = _usage_of(me, table[me], tick_s) + _reaped_children()
     except (OSError, KeyError, IndexError, ValueError, AttributeError):
         return None
     for pid in _descendants(me, table):
