@@ -40,8 +40,9 @@ class ThreadDataLoader(DataLoader[_T_co]):
     picks their start method; with ``worker_processes=0`` it is validated as
     DataLoader validates it and otherwise ignored: no process is started.
 
+    Every argument is DataLoader's, with DataLoader's meaning, plus one.
+
     Args:
-        The same as :class:`torch.utils.data.DataLoader`, plus
         worker_processes: 0 (all workers are threads of this process) or
             1 .. ``num_workers`` worker processes.
 

@@ -114,7 +114,9 @@ class RandomResizedCropLoader:
             (``torch.random.thread_safe_generator()``) is used then, and the
             global RNG elsewhere (as torchvision does). A generator passed here
             is shared by every thread that calls the loader.
-        reducing_gap, fastdct, fastupsample: as for :func:`decode_image`.
+        reducing_gap: as for :func:`decode_image`.
+        fastdct: as for :func:`decode_image`.
+        fastupsample: as for :func:`decode_image`.
 
     Raises:
         ValueError: a bad ``size`` or ``reducing_gap`` (as :func:`decode_image`),
