@@ -49,7 +49,7 @@ def test_locks_held_by_another_thread_at_a_fork_are_free_in_the_child_and_keep_t
 
 @pytest.mark.parametrize("mode, forks", [("native", "20"), ("loader", "3"), ("guard", "3")])
 def test_fork_race_tool_counts_its_forks(mode: str, forks: str) -> None:
-    # tools/fork_race.py backs the README's account of CPython gh-112275; a run
+    # tools/fork_race.py backs the troubleshooting page's account of CPython gh-112275; a run
     # too short to meet the race still exercises each setting end to end.
     tool = Path(__file__).resolve().parents[1] / "tools" / "fork_race.py"
     done = subprocess.run(

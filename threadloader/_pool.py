@@ -232,7 +232,7 @@ host_pool = BufferPool()
 #: for every decoded image costs page faults, and in one process many threads
 #: faulting and unmapping memory serialise on the kernel's address-space lock:
 #: on 16 cores that alone held 16 decoding threads to ~60 % of the per-thread
-#: rate (measured, see the scale notes in the README). Blocks are rounded to
+#: rate (measured). Blocks are rounded to
 #: 64 KiB so that images of different sizes share them. A batch's frames are
 #: all held until collate: a running loader reserves its threads' share (see
 #: ``BufferPool.reserve``); the base slack is one batch's worth, for

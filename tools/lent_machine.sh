@@ -15,7 +15,7 @@
 #
 #   bench     python -m threadloader bench at 8, 16 and 32 workers on 4000 files
 #             (400 generated photo-like JPEGs, each copied 10 times): the table,
-#             CSV and plot the README's 16-core section shows.
+#             CSV and plot of docs/results.md's 16-core section.
 #   pipeline  the swapped import alone (examples/image_pipeline_benchmark.py:
 #             ImageFolder + PIL transforms, unchanged user code) at 16 workers,
 #             worker_processes 4 and 16.

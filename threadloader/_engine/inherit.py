@@ -15,8 +15,8 @@ tensors a worker thread makes reach the training loop as they are (a worker
 process's are rebuilt there), and inference tensors would refuse to be saved
 for backward if a persistent worker started under ``inference_mode`` served a
 training epoch. Not carried: autocast and torch function modes
-(``torch.device(...)`` as a context manager), which the README lists among the
-differences. threadloader's own context variables (the per-worker random
+(``torch.device(...)`` as a context manager), which docs/differences.md lists
+among the differences. threadloader's own context variables (the per-worker random
 routing) are never inherited: each worker sets its own.
 """
 
