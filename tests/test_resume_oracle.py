@@ -313,6 +313,21 @@ def test_state_of_a_generator_loader_has_no_tensors():
     assert json.loads(json.dumps(sd)) == sd
 
 
+def test_a_state_of_the_tensor_format_is_one_value_error():
+    # The format that held tensors was never released: refused, not converted.
+    loader = ThreadDataLoader(list(range(10)), batch_size=2, shuffle=True, num_workers=2)
+    it = iter(loader)
+    next(it)
+    sd = loader.state_dict()
+    del it
+    old = dict(sd, version=1)
+    with pytest.raises(ValueError, match="^not a ThreadDataLoader state dict of version 2"):
+        ThreadDataLoader(list(range(10)), batch_size=2, shuffle=True).load_state_dict(old)
+    tensors = dict(sd, global_rng_state=torch.get_rng_state())
+    with pytest.raises(ValueError, match="^not a valid ThreadDataLoader state dict: global_rng_state is not"):
+        ThreadDataLoader(list(range(10)), batch_size=2, shuffle=True).load_state_dict(tensors)
+
+
 # --- the interruption point, drawn ------------------------------------------------------------
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -10,12 +10,16 @@ restores the record, builds the same epoch again and skips the received tasks
 without fetching them (map-style), or fetches and drops them (IterableDataset,
 whose replicas can only be advanced by reading).
 
-Everything in a state dict is a plain Python value or a CPU tensor, so
-``torch.save`` writes it.
+A state dict holds plain Python values only (generator states as base64
+strings): ``json.dumps`` and ``torch.save(..., weights_only=True)`` both
+write it. The samplers' and datasets' own ``state_dict()`` values go in as
+they return them.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import contextlib
 import inspect
 import sys
@@ -25,7 +29,30 @@ from typing import Any, Callable, Iterator
 import torch
 from torch.utils.data import BatchSampler, DistributedSampler, IterableDataset, SequentialSampler
 
-STATE_VERSION = 1
+#: 2: generator states as base64 strings (1 held tensors; refused, it was never released).
+STATE_VERSION = 2
+
+_RNG_STATE_BYTES = torch.get_rng_state().numel()
+
+
+def encode_rng_state(state: torch.Tensor) -> str:
+    """A CPU generator state (a uint8 tensor) as a base64 string, for a JSON-serialisable state dict."""
+    return base64.b64encode(state.contiguous().numpy().tobytes()).decode("ascii")
+
+
+def decode_rng_state(text: str) -> torch.Tensor:
+    """The CPU generator state :func:`encode_rng_state` wrote.
+
+    Raises:
+        ValueError: ``text`` is not the base64 of a CPU generator state.
+    """
+    try:
+        raw = base64.b64decode(text.encode("ascii"), validate=True)
+    except (binascii.Error, UnicodeEncodeError, AttributeError) as e:
+        raise ValueError(f"not a base64 generator state: {e}") from None
+    if len(raw) != _RNG_STATE_BYTES:
+        raise ValueError(f"a generator state has {_RNG_STATE_BYTES} bytes, not {len(raw)}")
+    return torch.frombuffer(bytearray(raw), dtype=torch.uint8)
 
 
 def _attr(obj: Any, name: str) -> Any:
@@ -158,6 +185,26 @@ class EpochStart:
         global_state = torch.get_rng_state() if gen is not None and draws_from_global_rng(loader) else None
         return cls(int(base_seed), rng_state, sampler_generators, sampler_states, dataset_state, sampler_epochs,
                    global_state, shared_seed)
+
+    def to_record(self) -> dict[str, Any]:
+        """This epoch start as plain values (generator states as base64 strings)."""
+        record = asdict(self)
+        record["rng_state"] = encode_rng_state(self.rng_state)
+        record["sampler_generators"] = {k: encode_rng_state(v) for k, v in self.sampler_generators.items()}
+        if self.global_rng_state is not None:
+            record["global_rng_state"] = encode_rng_state(self.global_rng_state)
+        return record
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> "EpochStart":
+        """The epoch start :meth:`to_record` wrote (checked by :func:`check_state`)."""
+        values = dict(record)
+        values["rng_state"] = decode_rng_state(values["rng_state"])
+        values["sampler_generators"] = {k: decode_rng_state(v)
+                                        for k, v in values.get("sampler_generators", {}).items()}
+        if values.get("global_rng_state") is not None:
+            values["global_rng_state"] = decode_rng_state(values["global_rng_state"])
+        return cls(**values)
 
     def check(self) -> None:
         """A checkpoint of this epoch needs every ``state_dict()`` taken at its start.
@@ -389,8 +436,9 @@ def make_state(loader: Any, progress: dict[str, Any] | None, persistent_base_see
         "epoch": progress,
         # Later epochs shuffle from the global RNG when there is no generator
         # (or a sampler draws from it all the same).
-        "global_rng_state": torch.get_rng_state() if draws_from_global_rng(loader) else None,
-        "generator_state": loader.generator.get_state() if loader.generator is not None and progress is None else None,
+        "global_rng_state": encode_rng_state(torch.get_rng_state()) if draws_from_global_rng(loader) else None,
+        "generator_state": (encode_rng_state(loader.generator.get_state())
+                            if loader.generator is not None and progress is None else None),
     }
     if progress is None:
         # What the next epoch starts from besides the loader's RNG: samplers'
@@ -398,7 +446,7 @@ def make_state(loader: Any, progress: dict[str, Any] | None, persistent_base_see
         # persistent iterator's base seed.
         start = EpochStart.capture(loader, persistent_base_seed or 0, dataset_state)
         start.check()
-        state["next_epoch"] = {"start": asdict(start), "persistent": persistent_base_seed is not None}
+        state["next_epoch"] = {"start": start.to_record(), "persistent": persistent_base_seed is not None}
     return state
 
 
@@ -407,7 +455,7 @@ def progress_record(start: EpochStart, prefix: int, extra: list[int], num_yielde
     """An epoch's checkpoint record (``fresh``: taken before the epoch made any draw; see ResumePlan)."""
     start.check()
     record = {
-        "start": asdict(start),
+        "start": start.to_record(),
         "consumed_prefix": int(prefix),
         "consumed_extra": sorted(int(i) for i in extra),
         "num_yielded": int(num_yielded),
@@ -443,9 +491,6 @@ def loader_shape(loader: Any) -> dict[str, Any]:
     return shape
 
 
-_RNG_STATE_BYTES = torch.get_rng_state().numel()
-
-
 def _bad(what: str) -> ValueError:
     return ValueError(f"not a valid ThreadDataLoader state dict: {what}")
 
@@ -455,8 +500,12 @@ def _is_count(value: Any) -> bool:
 
 
 def _check_rng_state(value: Any, name: str) -> None:
-    if not (isinstance(value, torch.Tensor) and value.dtype == torch.uint8 and value.numel() == _RNG_STATE_BYTES):
-        raise _bad(f"{name} is not a CPU generator state")
+    if not isinstance(value, str):
+        raise _bad(f"{name} is not a CPU generator state (a base64 string)")
+    try:
+        decode_rng_state(value)
+    except ValueError as e:
+        raise _bad(f"{name} is not a CPU generator state: {e}") from None
 
 
 def _check_start(start: Any, name: str) -> None:
@@ -470,6 +519,11 @@ def _check_start(start: Any, name: str) -> None:
     if not isinstance(start.get("shared_seed"), (int, type(None))):
         raise _bad(f"{name}.shared_seed is not an int or None")
     _check_rng_state(start["rng_state"], f"{name}.rng_state")
+    generators = start.get("sampler_generators", {})
+    if not isinstance(generators, dict):
+        raise _bad(f"{name}.sampler_generators is not a dict")
+    for key, value in generators.items():
+        _check_rng_state(value, f"{name}.sampler_generators[{key!r}]")
     if start.get("global_rng_state") is not None:
         _check_rng_state(start["global_rng_state"], f"{name}.global_rng_state")
 
@@ -539,15 +593,15 @@ def plan_from_state(loader: Any, state: dict[str, Any]) -> ResumePlan | None:
         raise CheckpointUnavailable(state["unavailable"])
     check_state(loader, state)
     if state.get("global_rng_state") is not None:
-        torch.set_rng_state(state["global_rng_state"])
+        torch.set_rng_state(decode_rng_state(state["global_rng_state"]))
     if state.get("generator_state") is not None and loader.generator is not None:
-        loader.generator.set_state(state["generator_state"])
+        loader.generator.set_state(decode_rng_state(state["generator_state"]))
     epoch = state["epoch"]
     if epoch is None:
         upcoming = state.get("next_epoch")
         if upcoming is None:
             return None
-        start = EpochStart(**upcoming["start"])
+        start = EpochStart.from_record(upcoming["start"])
         if upcoming["persistent"] and loader.persistent_workers and loader.num_workers > 0:
             # The uninterrupted run's persistent iterator draws no base seed for
             # its next epoch: the new one takes the old one's and starts from here.
@@ -555,7 +609,7 @@ def plan_from_state(loader: Any, state: dict[str, Any]) -> ResumePlan | None:
         start.apply_to_objects(loader)
         return None
     return ResumePlan(
-        start=EpochStart(**epoch["start"]),
+        start=EpochStart.from_record(epoch["start"]),
         consumed_prefix=epoch["consumed_prefix"],
         consumed_extra=list(epoch["consumed_extra"]),
         num_yielded=epoch["num_yielded"],
