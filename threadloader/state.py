@@ -130,11 +130,27 @@ def _state_of(obj: Any, owner: str) -> Any:
         return _FailedState(e, owner)
 
 
-def dataset_state_of(dataset: Any) -> Any:
-    """The ``state_dict()`` of an IterableDataset (a loader's, or a worker's copy of it) that has one; else None."""
-    if isinstance(dataset, IterableDataset) and _has_state(dataset):
-        return _state_of(dataset, "dataset")
+def dataset_has_state(dataset: Any) -> bool:
+    """Whether a dataset keeps its own state for us (``state_dict()`` / ``load_state_dict``), map-style or iterable."""
+    return _has_state(dataset)
+
+
+def dataset_state_of(dataset: Any, owner: str = "dataset") -> Any:
+    """The ``state_dict()`` of a dataset (a loader's, or a worker's copy of it) that has one; else None.
+
+    One that raised is kept as the error, raised if a checkpoint needs it.
+    """
+    if _has_state(dataset):
+        return _state_of(dataset, owner)
     return None
+
+
+def check_states(values: Any) -> None:
+    """Raise CheckpointUnavailable for the first ``state_dict()`` among ``values`` that raised."""
+    for value in values:
+        if isinstance(value, _FailedState):
+            raise CheckpointUnavailable(
+                f"cannot checkpoint this epoch: {value.owner}.state_dict() raised: {value.error!r}") from value.error
 
 
 @dataclass
@@ -156,6 +172,10 @@ class EpochStart:
     # pipes) when it was drawn before the states above (an iterator's first
     # epoch); None: the epoch draws it first from them (persistent workers' later epochs).
     shared_seed: int | None = None
+    # The state of each worker's dataset copy at the epoch start, by worker
+    # id: persistent workers' copies go on from epoch to epoch, as a worker
+    # process's do. None: the copies are made from the loader's dataset.
+    worker_states: list[Any] | None = None
 
     @classmethod
     def capture(cls, loader: Any, base_seed: int, dataset_state: Any = None,
@@ -212,7 +232,7 @@ class EpochStart:
         Raises:
             CheckpointUnavailable: one of them raised (chained to its error).
         """
-        for value in (*self.sampler_states.values(), self.dataset_state):
+        for value in (*self.sampler_states.values(), self.dataset_state, *(self.worker_states or ())):
             if isinstance(value, _FailedState):
                 raise CheckpointUnavailable(
                     f"cannot checkpoint this epoch: {value.owner}.state_dict() raised when it started: "
@@ -259,6 +279,14 @@ class ResumePlan:
     fresh_epoch: bool = False
     # IterableDataset: batches each worker had delivered (None in older states).
     worker_received: list[int] | None = None
+    # What each worker's dataset copy loads before it serves (None: nothing,
+    # or no workers): a map-style dataset's state after the worker's last
+    # received batch (the received ones are not fetched again); an
+    # IterableDataset's at the epoch start (its batches are read again).
+    worker_states: list[Any] | None = None
+    # A map-style dataset's checkpointed states, by worker, as recorded (kept
+    # for a checkpoint of this resume before it runs).
+    recorded_states: list[Any] | None = None
 
     def skips(self, task: int) -> bool:
         return task < self.consumed_prefix or task in self._extra
@@ -283,7 +311,7 @@ class ResumePlan:
     def record(self) -> dict[str, Any]:
         """The checkpoint record this plan was made from (a checkpoint taken before the resume ran)."""
         return progress_record(self.start, self.consumed_prefix, self.consumed_extra, self.num_yielded,
-                               self.worker_received, self.fresh_epoch)
+                               self.worker_received, self.fresh_epoch, self.recorded_states)
 
 
 class ProgressBox:
@@ -417,7 +445,7 @@ def draws_from_global_rng(loader: Any) -> bool:
 
 
 def make_state(loader: Any, progress: dict[str, Any] | None, persistent_base_seed: int | None = None,
-               dataset_state: Any = None) -> dict[str, Any]:
+               worker_states: list[Any] | None = None) -> dict[str, Any]:
     """The loader's state dict.
 
     Args:
@@ -426,9 +454,8 @@ def make_state(loader: Any, progress: dict[str, Any] | None, persistent_base_see
             between epochs.
         persistent_base_seed: between epochs, the base seed of the loader's
             persistent iterator (its next epoch draws none), else None.
-        dataset_state: between epochs, the IterableDataset state the next
-            epoch starts from when it is not the loader's dataset's (persistent
-            workers' copies), else None.
+        worker_states: between epochs, the states of persistent workers'
+            dataset copies, which the next epoch goes on from (by worker), else None.
     """
     state = {
         "version": STATE_VERSION,
@@ -444,15 +471,23 @@ def make_state(loader: Any, progress: dict[str, Any] | None, persistent_base_see
         # What the next epoch starts from besides the loader's RNG: samplers'
         # own generators and states, the IterableDataset's state, and a
         # persistent iterator's base seed.
-        start = EpochStart.capture(loader, persistent_base_seed or 0, dataset_state)
+        start = EpochStart.capture(loader, persistent_base_seed or 0)
+        start.worker_states = worker_states
         start.check()
         state["next_epoch"] = {"start": start.to_record(), "persistent": persistent_base_seed is not None}
     return state
 
 
 def progress_record(start: EpochStart, prefix: int, extra: list[int], num_yielded: int,
-                    worker_received: list[int] | None = None, fresh: bool = False) -> dict[str, Any]:
-    """An epoch's checkpoint record (``fresh``: taken before the epoch made any draw; see ResumePlan)."""
+                    worker_received: list[int] | None = None, fresh: bool = False,
+                    worker_states: list[Any] | None = None) -> dict[str, Any]:
+    """An epoch's checkpoint record (``fresh``: taken before the epoch made any draw; see ResumePlan).
+
+    Args:
+        worker_states: a map-style dataset with its own state: each worker's
+            copy's state after its last received batch (one entry, the
+            loader's dataset, without workers).
+    """
     start.check()
     record = {
         "start": start.to_record(),
@@ -464,6 +499,9 @@ def progress_record(start: EpochStart, prefix: int, extra: list[int], num_yielde
         record["worker_received"] = [int(n) for n in worker_received]
     if fresh:
         record["fresh"] = True
+    if worker_states is not None:
+        check_states(worker_states)
+        record["worker_states"] = list(worker_states)
     return record
 
 
@@ -479,8 +517,9 @@ def loader_shape(loader: Any) -> dict[str, Any]:
         "drop_last": bool(loader.drop_last),
         "generator": loader.generator is not None,
     }
-    if isinstance(loader.dataset, IterableDataset):
-        shape["num_workers"] = loader.num_workers  # each worker's replica has its own position
+    if isinstance(loader.dataset, IterableDataset) or _has_state(loader.dataset):
+        # Each worker's replica has its own position, each copy its own state.
+        shape["num_workers"] = loader.num_workers
     else:
         try:
             shape["batches"] = len(loader)  # map-style: the batch sampler's length
@@ -526,6 +565,8 @@ def _check_start(start: Any, name: str) -> None:
         _check_rng_state(value, f"{name}.sampler_generators[{key!r}]")
     if start.get("global_rng_state") is not None:
         _check_rng_state(start["global_rng_state"], f"{name}.global_rng_state")
+    if not isinstance(start.get("worker_states"), (list, type(None))):
+        raise _bad(f"{name}.worker_states is not a list or None")
 
 
 def _check_epoch(epoch: Any, batches: int | None) -> None:
@@ -542,6 +583,8 @@ def _check_epoch(epoch: Any, batches: int | None) -> None:
     received = epoch.get("worker_received")
     if received is not None and not (isinstance(received, list) and all(_is_count(n) for n in received)):
         raise _bad("epoch.worker_received must be a list of counts")
+    if not isinstance(epoch.get("worker_states"), (list, type(None))):
+        raise _bad("epoch.worker_states is not a list or None")
 
 
 def check_state(loader: Any, state: Any) -> None:
@@ -605,14 +648,19 @@ def plan_from_state(loader: Any, state: dict[str, Any]) -> ResumePlan | None:
         if upcoming["persistent"] and loader.persistent_workers and loader.num_workers > 0:
             # The uninterrupted run's persistent iterator draws no base seed for
             # its next epoch: the new one takes the old one's and starts from here.
-            return ResumePlan(start=start, consumed_prefix=0, consumed_extra=[], num_yielded=0, fresh_epoch=True)
+            return ResumePlan(start=start, consumed_prefix=0, consumed_extra=[], num_yielded=0, fresh_epoch=True,
+                              worker_states=start.worker_states)
         start.apply_to_objects(loader)
         return None
+    start = EpochStart.from_record(epoch["start"])
+    recorded = epoch.get("worker_states")
     return ResumePlan(
-        start=EpochStart.from_record(epoch["start"]),
+        start=start,
         consumed_prefix=epoch["consumed_prefix"],
         consumed_extra=list(epoch["consumed_extra"]),
         num_yielded=epoch["num_yielded"],
         worker_received=epoch.get("worker_received"),
         fresh_epoch=bool(epoch.get("fresh", False)),
+        worker_states=recorded if recorded is not None else start.worker_states,
+        recorded_states=recorded,
     )

@@ -6,8 +6,8 @@ import itertools
 from typing import Any
 
 from .._torch_compat import DatasetKind, SingleProcessDataLoaderIter, create_fetcher
-from ..state import (DrawsAhead, EpochStart, RecordsProgressOnDrop, ResumePlan, dataset_state_of, generators_of,
-                     progress_record)
+from ..state import (DrawsAhead, EpochStart, RecordsProgressOnDrop, ResumePlan, dataset_has_state, dataset_state_of,
+                     generators_of, progress_record)
 
 __all__ = ["ResumableSingleIter"]
 
@@ -53,6 +53,9 @@ class ResumableSingleIter(RecordsProgressOnDrop, SingleProcessDataLoaderIter):
                     break
                 except Exception:  # noqa: BLE001 - a batch whose error was raised before the checkpoint
                     continue
+            if self._dataset_kind != DatasetKind.Iterable and plan.worker_states:
+                # Where the received batches, not fetched again, left the dataset's own state.
+                self._dataset.load_state_dict(plan.worker_states[0])
             if plan.consumed_prefix == 0:
                 # The resumed epoch's order comes from the recorded state, which
                 # is in place only now (the loader restores the caller's RNG when
@@ -104,7 +107,10 @@ class ResumableSingleIter(RecordsProgressOnDrop, SingleProcessDataLoaderIter):
             return progress_record(self._capture_start(), 0, [], self._num_yielded, fresh=True)
         if self._all_received(confirm_end):
             return None
-        return progress_record(self._epoch_start, self._taken, [], self._num_yielded)
+        states = None
+        if self._dataset_kind != DatasetKind.Iterable and dataset_has_state(self._dataset):
+            states = [dataset_state_of(self._dataset)]  # after the received batches: they are not fetched again
+        return progress_record(self._epoch_start, self._taken, [], self._num_yielded, worker_states=states)
 
     def _progress_on_drop(self) -> dict[str, Any] | None:
         # A dropped iterator (break, or zip() with a loader as long) is never

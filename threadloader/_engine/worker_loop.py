@@ -30,6 +30,7 @@ from .._pool import decode_pool
 from .._datapipes import seed_graph
 from .._replica import WorkerParts
 from .._torch_compat import DatasetKind, ExceptionWrapper, create_fetcher, pin_memory
+from ..state import dataset_state_of
 from ..stats import WorkerCounters
 
 #: On a free-threaded build, how often an idle worker thread wakes to free
@@ -88,6 +89,37 @@ class _Config:
     owns_process: bool = False
     #: An iterable DataPipe's shared seed for the pool's first epoch (DataLoader's ``_shared_seed``), else None.
     shared_seed: int | None = None
+    #: The dataset keeps its own state (``state_dict``): every result carries
+    #: the worker copy's state after its task (:class:`Stated`).
+    track_state: bool = False
+    #: By worker id, the state each worker's copy loads before it serves
+    #: (a resume), after ``worker_init_fn`` as in StatefulDataLoader; None: none.
+    worker_states: list[Any] | None = None
+
+
+class Stated(NamedTuple):
+    """A result (or a ``_STOPPED`` message's payload) with the worker's dataset copy's state after its task."""
+
+    payload: Any
+    state: Any
+
+
+def _with_state(cfg: _Config, payload: Any) -> Any:
+    if not cfg.track_state:
+        return payload
+    return Stated(payload, dataset_state_of(cfg.dataset, "dataset (a worker's copy)"))
+
+
+def _load_state(cfg: _Config, worker_id: int) -> ExceptionWrapper | None:
+    """Load this worker's recorded dataset state into its copy (a resume); the error, if it raised."""
+    states = cfg.worker_states
+    if states is None or worker_id >= len(states) or states[worker_id] is None:
+        return None
+    try:
+        cfg.dataset.load_state_dict(states[worker_id])
+    except Exception:
+        return ExceptionWrapper(where=_where(worker_id, "dataset.load_state_dict"))
+    return None
 
 
 class _Shared:
@@ -166,6 +198,8 @@ def _worker_main(shared: _Shared, cfg: _Config, worker_id: int, parts: WorkerPar
                 cfg.init_fn(worker_id)
         except Exception:
             init_error = ExceptionWrapper(where=_where(worker_id, "worker_init_fn"))
+        if init_error is None:
+            init_error = _load_state(cfg, worker_id)
         if cfg.kind == DatasetKind.Iterable:
             _serve_iterable(shared, cfg, worker_id, init_error)
         else:
@@ -325,7 +359,7 @@ def _map_step(shared: _Shared, cfg: _Config, worker_id: int, setup: _SetupError)
     counters.fetched(gen, samples_in(index) if cfg.auto_collation else 1)
     if not isinstance(payload, ExceptionWrapper):
         payload = _finish(cfg, payload, counters, worker_id)
-    shared.post(gen, idx, worker_id, payload)
+    shared.post(gen, idx, worker_id, _with_state(cfg, payload))
     counters.tasks += 1
     return True
 
@@ -398,7 +432,7 @@ def _iterable_step(shared: _Shared, cfg: _Config, worker_id: int, replica: _Repl
         payload = replica.fetcher.fetch(index)
     except StopIteration:
         replica.ended = True
-        shared.results.put((_STOPPED, gen, idx, worker_id, None))
+        shared.results.put((_STOPPED, gen, idx, worker_id, _with_state(cfg, None)))
         return True
     except Exception:
         payload = ExceptionWrapper(where=_where(worker_id, "IterableDataset"))
@@ -410,7 +444,7 @@ def _iterable_step(shared: _Shared, cfg: _Config, worker_id: int, replica: _Repl
         # The replica ran out mid-batch: the consumer's stats count the
         # samples this batch holds, not the batch size it asked for.
         payload = ShortBatch(payload, replica.collated)
-    shared.post(gen, idx, worker_id, payload)
+    shared.post(gen, idx, worker_id, _with_state(cfg, payload))
     return True
 
 def _drain(q: queue.SimpleQueue) -> None:
