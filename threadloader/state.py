@@ -145,12 +145,50 @@ def dataset_state_of(dataset: Any, owner: str = "dataset") -> Any:
     return None
 
 
+def start_state_of(dataset: Any) -> Any:
+    """A dataset's state at an epoch's start, before ``__iter__``; None for an IterableDataset whose ``state_dict()`` raises.
+
+    An IterableDataset may make its state in ``__iter__`` (StatefulDataLoader
+    asks for it only after): before that it has none to restore, and the
+    resume starts from a dataset that has none yet either.
+    """
+    if isinstance(dataset, IterableDataset) and _has_state(dataset):
+        try:
+            return dataset.state_dict()
+        except Exception:  # noqa: BLE001 - no state before its first __iter__
+            return None
+    return dataset_state_of(dataset)
+
+
+def same_state(a: Any, b: Any) -> bool:
+    """Whether two ``state_dict()`` values are equal, tensors and arrays by value, lists and tuples alike (JSON)."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
+                and a.dtype == b.dtype and bool(torch.equal(a.cpu(), b.cpu())))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_state(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(same_state(x, y) for x, y in zip(a, b))
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - arrays compare element-wise
+        try:
+            import numpy as np
+
+            return bool(np.array_equal(a, b))
+        except Exception:  # noqa: BLE001
+            return False
+
+
 def check_states(values: Any) -> None:
     """Raise CheckpointUnavailable for the first ``state_dict()`` among ``values`` that raised."""
     for value in values:
         if isinstance(value, _FailedState):
             raise CheckpointUnavailable(
                 f"cannot checkpoint this epoch: {value.owner}.state_dict() raised: {value.error!r}") from value.error
+
+
+_UNREAD = object()
 
 
 @dataclass
@@ -178,14 +216,14 @@ class EpochStart:
     worker_states: list[Any] | None = None
 
     @classmethod
-    def capture(cls, loader: Any, base_seed: int, dataset_state: Any = None,
+    def capture(cls, loader: Any, base_seed: int, dataset_state: Any = _UNREAD,
                 shared_seed: int | None = None) -> "EpochStart":
         """Record the loader's random states now.
 
         Args:
-            dataset_state: the IterableDataset's state read earlier with
-                :func:`dataset_state_of` (before an iterator was made from
-                it); None reads it now.
+            dataset_state: the dataset's state read earlier with
+                :func:`start_state_of` (before an iterator was made from
+                it); by default it is read now.
             shared_seed: the epoch's DataPipe seed, when already drawn.
         """
         gen = loader.generator
@@ -200,8 +238,8 @@ class EpochStart:
                 sampler_generators[name] = own.get_state()
             if _has_state(obj):
                 sampler_states[name] = _state_of(obj, name)
-        if dataset_state is None:
-            dataset_state = dataset_state_of(loader.dataset)
+        if dataset_state is _UNREAD:
+            dataset_state = start_state_of(loader.dataset)
         global_state = torch.get_rng_state() if gen is not None and draws_from_global_rng(loader) else None
         return cls(int(base_seed), rng_state, sampler_generators, sampler_states, dataset_state, sampler_epochs,
                    global_state, shared_seed)
@@ -287,6 +325,14 @@ class ResumePlan:
     # A map-style dataset's checkpointed states, by worker, as recorded (kept
     # for a checkpoint of this resume before it runs).
     recorded_states: list[Any] | None = None
+    # An IterableDataset with its own state, by worker: the copy's state
+    # right after the epoch's ``__iter__`` and after its last received
+    # batch. A resumed worker whose ``__iter__`` from the epoch-start state
+    # does not give the first of these again (its state is a position,
+    # restored on load, as StatefulDataLoader expects) loads the second and
+    # goes on from there instead of reading its received batches again.
+    iter_states: list[Any] | None = None
+    resume_states: list[Any] | None = None
 
     def skips(self, task: int) -> bool:
         return task < self.consumed_prefix or task in self._extra
@@ -311,7 +357,8 @@ class ResumePlan:
     def record(self) -> dict[str, Any]:
         """The checkpoint record this plan was made from (a checkpoint taken before the resume ran)."""
         return progress_record(self.start, self.consumed_prefix, self.consumed_extra, self.num_yielded,
-                               self.worker_received, self.fresh_epoch, self.recorded_states)
+                               self.worker_received, self.fresh_epoch, self.recorded_states,
+                               self.iter_states, self.resume_states)
 
 
 class ProgressBox:
@@ -480,13 +527,16 @@ def make_state(loader: Any, progress: dict[str, Any] | None, persistent_base_see
 
 def progress_record(start: EpochStart, prefix: int, extra: list[int], num_yielded: int,
                     worker_received: list[int] | None = None, fresh: bool = False,
-                    worker_states: list[Any] | None = None) -> dict[str, Any]:
+                    worker_states: list[Any] | None = None, iter_states: list[Any] | None = None,
+                    resume_states: list[Any] | None = None) -> dict[str, Any]:
     """An epoch's checkpoint record (``fresh``: taken before the epoch made any draw; see ResumePlan).
 
     Args:
         worker_states: a map-style dataset with its own state: each worker's
             copy's state after its last received batch (one entry, the
             loader's dataset, without workers).
+        iter_states, resume_states: an IterableDataset with its own state
+            (see :class:`ResumePlan`).
     """
     start.check()
     record = {
@@ -499,9 +549,11 @@ def progress_record(start: EpochStart, prefix: int, extra: list[int], num_yielde
         record["worker_received"] = [int(n) for n in worker_received]
     if fresh:
         record["fresh"] = True
-    if worker_states is not None:
-        check_states(worker_states)
-        record["worker_states"] = list(worker_states)
+    for key, values in (("worker_states", worker_states), ("iter_states", iter_states),
+                        ("resume_states", resume_states)):
+        if values is not None:
+            check_states(values)
+            record[key] = list(values)
     return record
 
 
@@ -583,8 +635,9 @@ def _check_epoch(epoch: Any, batches: int | None) -> None:
     received = epoch.get("worker_received")
     if received is not None and not (isinstance(received, list) and all(_is_count(n) for n in received)):
         raise _bad("epoch.worker_received must be a list of counts")
-    if not isinstance(epoch.get("worker_states"), (list, type(None))):
-        raise _bad("epoch.worker_states is not a list or None")
+    for key in ("worker_states", "iter_states", "resume_states"):
+        if not isinstance(epoch.get(key), (list, type(None))):
+            raise _bad(f"epoch.{key} is not a list or None")
 
 
 def check_state(loader: Any, state: Any) -> None:
@@ -663,4 +716,6 @@ def plan_from_state(loader: Any, state: dict[str, Any]) -> ResumePlan | None:
         fresh_epoch=bool(epoch.get("fresh", False)),
         worker_states=recorded if recorded is not None else start.worker_states,
         recorded_states=recorded,
+        iter_states=epoch.get("iter_states"),
+        resume_states=epoch.get("resume_states"),
     )

@@ -40,8 +40,8 @@ from .._torch_compat import (BaseDataLoaderIter, DatasetKind, ExceptionWrapper, 
 from ..state import EpochStart, RecordsProgressOnDrop, ResumePlan, dataset_has_state, progress_record
 from ..stats import LoaderStats
 from .pool import ThreadPool
-from .worker_loop import (_CRASHED, _DATA, _DIED, _STOPPED, _SYNCED, SYNC_TASK, ProcessDeath, ShortBatch, Stated, _Config,
-                          samples_in)
+from .worker_loop import (_CRASHED, _DATA, _DIED, _STOPPED, _SYNCED, ITER_TASK, SYNC_TASK, ProcessDeath, ShortBatch,
+                          Stated, _Config, samples_in)
 
 __all__ = ["ThreadedLoaderIter"]
 
@@ -115,6 +115,13 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
         if plan is not None and plan.worker_states is not None:
             self._start_states = list(plan.worker_states)
             self._arrived_states = {w: st for w, st in enumerate(plan.worker_states) if st is not None}
+        # An IterableDataset's copies, this epoch: each one's state right after
+        # its __iter__ (see ResumePlan.iter_states). A resumed epoch keeps the
+        # interrupted one's records until its workers pass them.
+        self._iter_states: dict[int, Any] = {}
+        if plan is not None:
+            self._iter_states = {w: st for w, st in enumerate(plan.iter_states or ()) if st is not None}
+            self._received_states = {w: st for w, st in enumerate(plan.resume_states or ()) if st is not None}
         self._stats = LoaderStats()
         device_index = None
         if self._pin_memory and torch.accelerator.is_available():
@@ -137,6 +144,8 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
             shared_seed=self._shared_seed,
             track_state=self._track_state,
             worker_states=plan.worker_states if plan is not None else None,
+            iter_states=plan.iter_states if plan is not None and self._is_iterable else None,
+            resume_states=plan.resume_states if plan is not None and self._is_iterable else None,
         )
         self._failure: str | None = None
         self._shutdown = False  # DataLoader's iterator attribute: True once its workers are shut down
@@ -220,7 +229,7 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
             self._epoch_start = EpochStart.capture(loader, self._base_seed)
             # Persistent workers' copies go on from where the last epoch left them.
             self._start_states = self._epoch_start.worker_states = self._copies_states()
-            self._received_states = {}
+            self._received_states, self._iter_states = {}, {}
         with graph_lock(self._dataset):  # it reseeds a DataPipe's graph
             super()._reset(loader, first_iter)
         self._finished = False
@@ -248,6 +257,10 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
             # drew a DataPipe's seed for this epoch (None for other datasets).
             self._pool.new_epoch(seed=self._shared_seed)
             self._stats.new_epoch(self._pool.generation)
+            if self._track_state and self._is_iterable:
+                self._await_iterators()
+        elif self._track_state and self._is_iterable and self._plan is not None and self._plan.iter_states is not None:
+            self._await_iterators()  # a resume: which copies go on from their checkpointed state
         for _ in range(self._prefetch_factor * self._num_workers):
             self._try_put_index()
 
@@ -340,6 +353,13 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
             self._try_put_index()
             if type(payload) is Stated:
                 self._received_states[worker_id] = payload.state
+                if payload.iter_state is not None:
+                    self._iter_states.setdefault(worker_id, payload.iter_state)
+                if payload.went_on and self._is_iterable:
+                    # The copy loaded its checkpointed state: its batches come
+                    # after the received ones, none is to be dropped.
+                    self._worker_received[worker_id] += self._worker_skip[worker_id]
+                    self._worker_skip[worker_id] = 0
                 payload = payload.payload
             if self._is_iterable:
                 self._worker_received[worker_id] += 1
@@ -382,6 +402,48 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
                 waiting.difference_update(self._record_death(worker_id, payload)[1])
             elif kind == _CRASHED:
                 self._crashed(payload)
+
+    def _await_iterators(self) -> None:
+        """Have every live worker begin the new epoch's replica and record its copy's state then.
+
+        A checkpoint of this epoch holds it before any batch arrived (see
+        ResumePlan.iter_states), as StatefulDataLoader's workers acknowledge
+        a new epoch with their state.
+
+        Raises:
+            RuntimeError: a worker process crashed, or ``timeout`` passed.
+        """
+        pool = self._pool
+        waiting = set(range(self._num_workers)) - set(self._dead_workers)
+        for worker_id in sorted(waiting):
+            pool.submit(worker_id, (ITER_TASK, pool.generation, None))
+        went_on: set[int] = set()
+        while waiting:
+            kind, gen, idx, worker_id, payload = self._get_message(self._deadline())
+            if kind == _SYNCED and idx == ITER_TASK and gen == pool.generation:
+                waiting.discard(worker_id)
+                if type(payload) is Stated and payload.iter_state is not None:
+                    self._iter_states.setdefault(worker_id, payload.iter_state)
+                if type(payload) is Stated and payload.went_on:
+                    went_on.add(worker_id)
+            elif kind == _DIED:
+                error, dead = self._record_death(worker_id, payload)
+                waiting.difference_update(dead)
+                for w in dead:
+                    self._workers_status[w] = False
+                    self._deaths[w] = error
+            elif kind == _CRASHED:
+                self._crashed(payload)
+        if not went_on:
+            return
+        # Copies that loaded their checkpointed state: none of their batches
+        # is read again. When all did, the round robin goes on where it was.
+        if went_on == set(range(self._num_workers)) and self._in_order:
+            for _ in range(sum(self._worker_skip)):
+                next(self._worker_queue_idx_cycle)
+        for w in went_on:
+            self._worker_received[w] += self._worker_skip[w]
+            self._worker_skip[w] = 0
 
     def _deadline(self) -> float | None:
         return None if self._timeout <= 0 else time.monotonic() + self._timeout
@@ -540,13 +602,18 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
             # Tasks the resume skips count as received before next() has passed them.
             prefix = max(prefix, self._plan.consumed_prefix)
         extra = [i for i in self._consumed_ahead if i >= prefix]
-        states = None
+        states = iter_states = resume_states = None
+        workers = range(self._num_workers)
         if self._track_state and not self._is_iterable:
             # Each copy's state after its last received batch: the resume loads
             # it and fetches none of the received ones again.
             start = self._start_states or [None] * self._num_workers
-            states = [self._received_states.get(w, start[w]) for w in range(self._num_workers)]
-        return progress_record(self._epoch_start, prefix, extra, self._num_yielded, received, worker_states=states)
+            states = [self._received_states.get(w, start[w]) for w in workers]
+        elif self._track_state:
+            iter_states = [self._iter_states.get(w) for w in workers]
+            resume_states = [self._received_states.get(w) for w in workers]
+        return progress_record(self._epoch_start, prefix, extra, self._num_yielded, received, worker_states=states,
+                               iter_states=iter_states, resume_states=resume_states)
 
     @property
     def stats(self) -> LoaderStats:
