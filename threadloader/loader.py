@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterable, Iterator, TypeVar
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from . import _procs, _torch_compat
-from . import state as _state
+from . import resume as _state
 from . import worker as _worker  # noqa: F401 - installs thread-aware worker info
 from ._engine import ResumableSingleIter, ThreadedLoaderIter
 from .stats import LoaderStats

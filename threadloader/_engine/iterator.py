@@ -37,7 +37,7 @@ from .._datapipes import graph_lock, is_datapipe, peek_shared_seed, sharding_ini
 from .._pool import decode_pool, host_pool
 from .._torch_compat import (BaseDataLoaderIter, DatasetKind, ExceptionWrapper, init_base_iterator, profiler_enabled,
                              warn_iterable_length)
-from ..state import EpochStart, RecordsProgressOnDrop, ResumePlan, dataset_has_state, progress_record
+from ..resume import EpochStart, RecordsProgressOnDrop, ResumePlan, dataset_has_state, progress_record
 from ..stats import LoaderStats
 from .pool import ThreadPool
 from .worker_loop import (_CRASHED, _DATA, _DIED, _STOPPED, _SYNCED, ITER_TASK, SYNC_TASK, ProcessDeath, ShortBatch,

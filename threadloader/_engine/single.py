@@ -6,7 +6,7 @@ import itertools
 from typing import Any
 
 from .._torch_compat import DatasetKind, SingleProcessDataLoaderIter, create_fetcher
-from ..state import (DrawsAhead, EpochStart, RecordsProgressOnDrop, ResumePlan, dataset_has_state, dataset_state_of,
+from ..resume import (DrawsAhead, EpochStart, RecordsProgressOnDrop, ResumePlan, dataset_has_state, dataset_state_of,
                      generators_of, progress_record, same_state, start_state_of)
 
 __all__ = ["ResumableSingleIter"]

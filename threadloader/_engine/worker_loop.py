@@ -30,7 +30,7 @@ from .._pool import decode_pool
 from .._datapipes import seed_graph
 from .._replica import WorkerParts
 from .._torch_compat import DatasetKind, ExceptionWrapper, create_fetcher, pin_memory
-from ..state import dataset_state_of, same_state
+from ..resume import dataset_state_of, same_state
 from ..stats import WorkerCounters
 
 #: On a free-threaded build, how often an idle worker thread wakes to free
