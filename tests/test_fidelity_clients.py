@@ -542,8 +542,9 @@ def _lightning_fit(tmp_path, seen: list, seed: int, persistent: bool, ckpt_path=
     trainer.fit(Recorder(), ckpt_path=ckpt_path)
 
 
-@pytest.mark.parametrize("stop,persistent,iterable", [(5, False, False), (13, True, False), (13, False, True)],
-                         ids=["epoch0", "epoch1-persistent", "epoch1-iterable"])
+@pytest.mark.parametrize("stop,persistent,iterable", [(5, False, False), (10, False, False), (13, True, False),
+                                                   (13, False, True)],
+                         ids=["epoch0", "epoch0-end", "epoch1-persistent", "epoch1-iterable"])
 def test_lightning_resumes_a_preempted_fit_mid_epoch_with_the_same_batches(tmp_path, monkeypatch, stop, persistent,
                                                                           iterable):
     # Lightning saves the loader's state_dict() in its checkpoint (the loader

@@ -21,6 +21,7 @@ from torch.utils.data import (ConcatDataset, DataLoader, Dataset, IterableDatase
 
 import threadloader
 from threadloader import ThreadDataLoader
+from threadloader.state import STATE_VERSION
 
 from conftest import wait_no_worker_threads, worker_threads
 from helpers import (Failing, Recorder, Sharded, Slow, Squares, no_sigchld_handler, outcomes, to_list,
@@ -1004,7 +1005,7 @@ def test_objects_whose_getattr_raises_other_errors_work_as_in_dataloader(num_wor
     for kw in cases:
         got = sorted(to_list(ThreadDataLoader(num_workers=num_workers, **kw)))
         assert got == sorted(to_list(DataLoader(num_workers=num_workers, **kw))), kw
-    assert ThreadDataLoader(list(range(6)), sampler=_ProxySampler(), batch_size=2).state_dict()["version"] == 1
+    assert ThreadDataLoader(list(range(6)), sampler=_ProxySampler(), batch_size=2).state_dict()["version"] == STATE_VERSION
 
 
 @pytest.mark.parametrize("worker_processes", [0, 1])

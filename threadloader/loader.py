@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterable, Iterator, TypeVar
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from . import _procs, _torch_compat
-from . import state as _state
+from . import resume as _state
 from . import worker as _worker  # noqa: F401 - installs thread-aware worker info
 from ._engine import ResumableSingleIter, ThreadedLoaderIter
 from .stats import LoaderStats
@@ -207,11 +207,11 @@ class ThreadDataLoader(DataLoader[_T_co]):
         if it is not None and hasattr(it, "progress"):
             try:
                 progress = it.progress()
-                persistent_base_seed = dataset_state = None
+                persistent_base_seed = worker_states = None
                 if progress is None and self.persistent_workers and self.num_workers > 0:
                     persistent_base_seed = int(it._base_seed)
-                    dataset_state = it.dataset_start_state()  # its workers' copies go on
-                return _state.make_state(self, progress, persistent_base_seed, dataset_state)
+                    worker_states = it.next_epoch_worker_states()  # its workers' copies go on
+                return _state.make_state(self, progress, persistent_base_seed, worker_states)
             finally:
                 it.checkpoint_taken()  # random draws made ahead for the checkpoint wait for the next next()
         if it is None and self._progress_box is not None:

@@ -37,10 +37,11 @@ from .._datapipes import graph_lock, is_datapipe, peek_shared_seed, sharding_ini
 from .._pool import decode_pool, host_pool
 from .._torch_compat import (BaseDataLoaderIter, DatasetKind, ExceptionWrapper, init_base_iterator, profiler_enabled,
                              warn_iterable_length)
-from ..state import EpochStart, RecordsProgressOnDrop, ResumePlan, dataset_state_of, progress_record
+from ..resume import EpochStart, RecordsProgressOnDrop, ResumePlan, dataset_has_state, progress_record
 from ..stats import LoaderStats
 from .pool import ThreadPool
-from .worker_loop import _CRASHED, _DATA, _DIED, _STOPPED, _SYNCED, SYNC_TASK, ProcessDeath, ShortBatch, _Config, samples_in
+from .worker_loop import (_CRASHED, _DATA, _DIED, _STOPPED, _SYNCED, ITER_TASK, SYNC_TASK, ProcessDeath, ShortBatch,
+                          Stated, _Config, samples_in)
 
 __all__ = ["ThreadedLoaderIter"]
 
@@ -103,6 +104,24 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
         if self._prefetch_factor <= 0:
             raise AssertionError("prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter")
         self._is_iterable = self._dataset_kind == DatasetKind.Iterable
+        # A dataset with its own state: each worker's copy's state comes with
+        # its results. By worker: the latest state that arrived (any epoch),
+        # and the state after the worker's last batch received this epoch.
+        self._track_state = dataset_has_state(loader.dataset) and not is_datapipe(loader.dataset)
+        self._arrived_states: dict[int, Any] = {}
+        self._received_states: dict[int, Any] = {}
+        # Each copy's state when this epoch started (None: made from the loader's dataset).
+        self._start_states: list[Any] | None = None
+        if plan is not None and plan.worker_states is not None:
+            self._start_states = list(plan.worker_states)
+            self._arrived_states = {w: st for w, st in enumerate(plan.worker_states) if st is not None}
+        # An IterableDataset's copies, this epoch: each one's state right after
+        # its __iter__ (see ResumePlan.iter_states). A resumed epoch keeps the
+        # interrupted one's records until its workers pass them.
+        self._iter_states: dict[int, Any] = {}
+        if plan is not None:
+            self._iter_states = {w: st for w, st in enumerate(plan.iter_states or ()) if st is not None}
+            self._received_states = {w: st for w, st in enumerate(plan.resume_states or ()) if st is not None}
         self._stats = LoaderStats()
         device_index = None
         if self._pin_memory and torch.accelerator.is_available():
@@ -123,6 +142,10 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
             device_index=device_index,
             items_per_task=(loader.batch_size or 1) if self._auto_collation else 1,
             shared_seed=self._shared_seed,
+            track_state=self._track_state,
+            worker_states=plan.worker_states if plan is not None else None,
+            iter_states=plan.iter_states if plan is not None and self._is_iterable else None,
+            resume_states=plan.resume_states if plan is not None and self._is_iterable else None,
         )
         self._failure: str | None = None
         self._shutdown = False  # DataLoader's iterator attribute: True once its workers are shut down
@@ -203,7 +226,10 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
                 # finds its dead worker process the same way.
                 raise self._refusal()
             self._plan = None
-            self._epoch_start = EpochStart.capture(loader, self._base_seed, self.dataset_start_state())
+            self._epoch_start = EpochStart.capture(loader, self._base_seed)
+            # Persistent workers' copies go on from where the last epoch left them.
+            self._start_states = self._epoch_start.worker_states = self._copies_states()
+            self._received_states, self._iter_states = {}, {}
         with graph_lock(self._dataset):  # it reseeds a DataPipe's graph
             super()._reset(loader, first_iter)
         self._finished = False
@@ -231,6 +257,10 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
             # drew a DataPipe's seed for this epoch (None for other datasets).
             self._pool.new_epoch(seed=self._shared_seed)
             self._stats.new_epoch(self._pool.generation)
+            if self._track_state and self._is_iterable:
+                self._await_iterators()
+        elif self._track_state and self._is_iterable and self._plan is not None and self._plan.iter_states is not None:
+            self._await_iterators()  # a resume: which copies go on from their checkpointed state
         for _ in range(self._prefetch_factor * self._num_workers):
             self._try_put_index()
 
@@ -248,8 +278,12 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
             if self._plan is None or self._is_iterable or not self._plan.skips(idx):
                 break
             # Received before the checkpoint: skip it without fetching. The
-            # task number stays taken, so later tasks keep their numbers.
+            # task number stays taken, so later tasks keep their numbers, and
+            # its worker's turn passes: each later task goes to the worker
+            # (and the dataset copy's state) that served it then.
             self._send_idx += 1
+            if self._in_order:
+                next(self._worker_queue_idx_cycle)
         for _ in range(self._num_workers):  # the next active worker, as DataLoader picks it
             worker_id = next(self._worker_queue_idx_cycle)
             if self._workers_status[worker_id]:
@@ -317,6 +351,16 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
                 self._consumed_ahead.add(idx)
             self._workers_num_tasks[worker_id] -= 1
             self._try_put_index()
+            if type(payload) is Stated:
+                self._received_states[worker_id] = payload.state
+                if payload.iter_state is not None:
+                    self._iter_states.setdefault(worker_id, payload.iter_state)
+                if payload.went_on and self._is_iterable:
+                    # The copy loaded its checkpointed state: its batches come
+                    # after the received ones, none is to be dropped.
+                    self._worker_received[worker_id] += self._worker_skip[worker_id]
+                    self._worker_skip[worker_id] = 0
+                payload = payload.payload
             if self._is_iterable:
                 self._worker_received[worker_id] += 1
                 if self._worker_skip[worker_id] > 0:
@@ -359,21 +403,68 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
             elif kind == _CRASHED:
                 self._crashed(payload)
 
+    def _await_iterators(self) -> None:
+        """Have every live worker begin the new epoch's replica and record its copy's state then.
+
+        A checkpoint of this epoch holds it before any batch arrived (see
+        ResumePlan.iter_states), as StatefulDataLoader's workers acknowledge
+        a new epoch with their state.
+
+        Raises:
+            RuntimeError: a worker process crashed, or ``timeout`` passed.
+        """
+        pool = self._pool
+        waiting = set(range(self._num_workers)) - set(self._dead_workers)
+        for worker_id in sorted(waiting):
+            pool.submit(worker_id, (ITER_TASK, pool.generation, None))
+        went_on: set[int] = set()
+        while waiting:
+            kind, gen, idx, worker_id, payload = self._get_message(self._deadline())
+            if kind == _SYNCED and idx == ITER_TASK and gen == pool.generation:
+                waiting.discard(worker_id)
+                if type(payload) is Stated and payload.iter_state is not None:
+                    self._iter_states.setdefault(worker_id, payload.iter_state)
+                if type(payload) is Stated and payload.went_on:
+                    went_on.add(worker_id)
+            elif kind == _DIED:
+                error, dead = self._record_death(worker_id, payload)
+                waiting.difference_update(dead)
+                for w in dead:
+                    self._workers_status[w] = False
+                    self._deaths[w] = error
+            elif kind == _CRASHED:
+                self._crashed(payload)
+        if not went_on:
+            return
+        # Copies that loaded their checkpointed state: none of their batches
+        # is read again. When all did, the round robin goes on where it was.
+        if went_on == set(range(self._num_workers)) and self._in_order:
+            for _ in range(sum(self._worker_skip)):
+                next(self._worker_queue_idx_cycle)
+        for w in went_on:
+            self._worker_received[w] += self._worker_skip[w]
+            self._worker_skip[w] = 0
+
     def _deadline(self) -> float | None:
         return None if self._timeout <= 0 else time.monotonic() + self._timeout
 
-    def dataset_start_state(self) -> Any:
-        """The IterableDataset's state the next epoch starts from, or None: the loader's dataset's.
+    def _copies_states(self) -> list[Any] | None:
+        """Each worker's dataset copy's latest state, by worker id, or None: none came (the loader's dataset's).
 
-        Persistent worker threads iterate their own copies, whose state goes
-        on from epoch to epoch while the loader's dataset is never iterated:
-        their state is the epoch's (worker 0's copy; the workers are idle when
-        an epoch starts). Worker processes keep their copies out of reach.
+        Read between epochs, once every worker has answered: the latest state
+        that arrived is the copy's own.
         """
-        replicas = getattr(self._pool, "replicas", None)
-        if not (self._persistent_workers and replicas):
+        if not (self._track_state and self._arrived_states):
             return None
-        return dataset_state_of(replicas[min(replicas)])
+        return [self._arrived_states.get(w) for w in range(self._num_workers)]
+
+    def next_epoch_worker_states(self) -> list[Any] | None:
+        """The dataset copies' states a persistent iterator's next epoch goes on from, or None (see _copies_states).
+
+        Persistent workers keep their copies from epoch to epoch, as worker
+        processes do, while the loader's dataset is never iterated.
+        """
+        return self._copies_states() if self._persistent_workers else None
 
     def _get_message(self, deadline: float | None) -> tuple[int, int, int, int, Any]:
         """The next message from the workers, waiting until ``deadline`` (None: for ever).
@@ -383,12 +474,15 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
         """
         results = self._pool.results
         if deadline is None:
-            return results.get()
-        message = _get_or_none(results, max(0.0, deadline - time.monotonic()))
-        if message is None:
-            # Raised outside the queue's except block: no queue.Empty as its
-            # context, as DataLoader's has none.
-            raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds")
+            message = results.get()
+        else:
+            message = _get_or_none(results, max(0.0, deadline - time.monotonic()))
+            if message is None:
+                # Raised outside the queue's except block: no queue.Empty as its
+                # context, as DataLoader's has none.
+                raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds")
+        if type(message[4]) is Stated:  # of any epoch: the copy's state now, for the next epoch's start
+            self._arrived_states[message[3]] = message[4].state
         return message
 
     def _record_death(self, worker_id: int, payload: Any) -> tuple[RuntimeError, tuple[int, ...]]:
@@ -508,7 +602,18 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
             # Tasks the resume skips count as received before next() has passed them.
             prefix = max(prefix, self._plan.consumed_prefix)
         extra = [i for i in self._consumed_ahead if i >= prefix]
-        return progress_record(self._epoch_start, prefix, extra, self._num_yielded, received)
+        states = iter_states = resume_states = None
+        workers = range(self._num_workers)
+        if self._track_state and not self._is_iterable:
+            # Each copy's state after its last received batch: the resume loads
+            # it and fetches none of the received ones again.
+            start = self._start_states or [None] * self._num_workers
+            states = [self._received_states.get(w, start[w]) for w in workers]
+        elif self._track_state:
+            iter_states = [self._iter_states.get(w) for w in workers]
+            resume_states = [self._received_states.get(w) for w in workers]
+        return progress_record(self._epoch_start, prefix, extra, self._num_yielded, received, worker_states=states,
+                               iter_states=iter_states, resume_states=resume_states)
 
     @property
     def stats(self) -> LoaderStats:

@@ -6,8 +6,8 @@ import itertools
 from typing import Any
 
 from .._torch_compat import DatasetKind, SingleProcessDataLoaderIter, create_fetcher
-from ..state import (DrawsAhead, EpochStart, RecordsProgressOnDrop, ResumePlan, dataset_state_of, generators_of,
-                     progress_record)
+from ..resume import (DrawsAhead, EpochStart, RecordsProgressOnDrop, ResumePlan, dataset_has_state, dataset_state_of,
+                     generators_of, progress_record, same_state, start_state_of)
 
 __all__ = ["ResumableSingleIter"]
 
@@ -20,8 +20,11 @@ class ResumableSingleIter(RecordsProgressOnDrop, SingleProcessDataLoaderIter):
     def __init__(self, loader: Any, plan: ResumePlan | None = None) -> None:
         # torch's iterator calls iter() on an IterableDataset as it is built,
         # which may change the dataset's state: its epoch-start state is now.
-        self._dataset_start = dataset_state_of(loader.dataset) if plan is None else None
+        self._dataset_start = start_state_of(loader.dataset) if plan is None else None
         super().__init__(loader)
+        stateful_iterable = self._dataset_kind == DatasetKind.Iterable and dataset_has_state(self._dataset)
+        # An IterableDataset's state right after this epoch's __iter__ (see ResumePlan.iter_states).
+        self._iter_state = dataset_state_of(self._dataset) if stateful_iterable and plan is None else None
         self._finished = False
         self._loader = loader
         # As DataLoader's own iterator, the sampler is first asked for an
@@ -40,10 +43,12 @@ class ResumableSingleIter(RecordsProgressOnDrop, SingleProcessDataLoaderIter):
             self._epoch_start = plan.start
             if self._dataset_kind == DatasetKind.Iterable:
                 # Made again from the restored dataset (torch made it before).
-                self._dataset_fetcher = create_fetcher(
-                    self._dataset_kind, self._dataset, self._auto_collation, self._collate_fn, self._drop_last)
+                self._dataset_fetcher = self._new_fetcher()
+            went_on = stateful_iterable and self._goes_on_from_checkpoint(plan)
             self._sampler_iter = iter(self._index_sampler)
-            for _ in range(plan.consumed_prefix):
+            if went_on:
+                self._taken = plan.consumed_prefix
+            for _ in range(0 if went_on else plan.consumed_prefix):
                 try:
                     if self._dataset_kind == DatasetKind.Iterable:
                         self._dataset_fetcher.fetch(self._next_index())  # replicas advance only by reading
@@ -53,6 +58,9 @@ class ResumableSingleIter(RecordsProgressOnDrop, SingleProcessDataLoaderIter):
                     break
                 except Exception:  # noqa: BLE001 - a batch whose error was raised before the checkpoint
                     continue
+            if self._dataset_kind != DatasetKind.Iterable and plan.worker_states:
+                # Where the received batches, not fetched again, left the dataset's own state.
+                self._dataset.load_state_dict(plan.worker_states[0])
             if plan.consumed_prefix == 0:
                 # The resumed epoch's order comes from the recorded state, which
                 # is in place only now (the loader restores the caller's RNG when
@@ -63,6 +71,28 @@ class ResumableSingleIter(RecordsProgressOnDrop, SingleProcessDataLoaderIter):
                 if first is not _MISSING:
                     self._sampler_iter = itertools.chain([first], self._sampler_iter)
             self._num_yielded = plan.num_yielded
+
+    def _new_fetcher(self) -> Any:
+        return create_fetcher(self._dataset_kind, self._dataset, self._auto_collation, self._collate_fn,
+                              self._drop_last)
+
+    def _goes_on_from_checkpoint(self, plan: ResumePlan) -> bool:
+        """An IterableDataset with its own state: go on from its checkpointed state where reading again would not do.
+
+        As a worker's copy does (worker_loop._goes_on_from_checkpoint): when
+        ``__iter__`` from the epoch-start state did not leave the dataset as
+        it left it in the interrupted run, it loads its state after the last
+        received batch and a new iterator goes on from there.
+        """
+        now = dataset_state_of(self._dataset)
+        recorded = (plan.iter_states or [None])[0]
+        resume = (plan.resume_states or [None])[0]
+        self._iter_state = recorded if recorded is not None else now
+        if recorded is None or same_state(now, recorded):
+            return False
+        self._dataset.load_state_dict(recorded if resume is None else resume)  # None: nothing received yet
+        self._dataset_fetcher = self._new_fetcher()
+        return True
 
     def _capture_start(self) -> EpochStart:
         return EpochStart.capture(self._loader, self._base_seed, self._dataset_start)
@@ -101,10 +131,20 @@ class ResumableSingleIter(RecordsProgressOnDrop, SingleProcessDataLoaderIter):
             # Before the first next(): nothing of the epoch is drawn yet. The
             # record is where it starts now; resuming it makes the epoch's
             # draws for good ("fresh"), as this iterator would have.
-            return progress_record(self._capture_start(), 0, [], self._num_yielded, fresh=True)
+            return progress_record(self._capture_start(), 0, [], self._num_yielded, fresh=True,
+                                   **self._dataset_states())
         if self._all_received(confirm_end):
             return None
-        return progress_record(self._epoch_start, self._taken, [], self._num_yielded)
+        return progress_record(self._epoch_start, self._taken, [], self._num_yielded, **self._dataset_states())
+
+    def _dataset_states(self) -> dict[str, Any]:
+        """The dataset's own state for a record (see progress_record), after the received batches."""
+        if not dataset_has_state(self._dataset):
+            return {}
+        now = [dataset_state_of(self._dataset)]
+        if self._dataset_kind != DatasetKind.Iterable:
+            return {"worker_states": now}  # the received batches are not fetched again
+        return {"iter_states": [self._iter_state], "resume_states": now}
 
     def _progress_on_drop(self) -> dict[str, Any] | None:
         # A dropped iterator (break, or zip() with a loader as long) is never

@@ -30,6 +30,7 @@ from .._pool import decode_pool
 from .._datapipes import seed_graph
 from .._replica import WorkerParts
 from .._torch_compat import DatasetKind, ExceptionWrapper, create_fetcher, pin_memory
+from ..resume import dataset_state_of, same_state
 from ..stats import WorkerCounters
 
 #: On a free-threaded build, how often an idle worker thread wakes to free
@@ -47,6 +48,12 @@ STOPPED_MESSAGE = "ThreadDataLoader's workers have been shut down; this iterator
 #: The task number of a job that asks a worker to answer ``_SYNCED`` once it
 #: has run every job queued before it (DataLoader's ``_ResumeIteration``).
 SYNC_TASK = -1
+
+#: The task number of a job that asks a worker of an IterableDataset with its
+#: own state to begin the job's epoch (``__iter__`` on its copy) and answer
+#: ``_SYNCED`` with its copy's state then, as StatefulDataLoader's workers
+#: acknowledge a new epoch with theirs.
+ITER_TASK = -2
 
 
 class ProcessDeath(NamedTuple):
@@ -88,6 +95,46 @@ class _Config:
     owns_process: bool = False
     #: An iterable DataPipe's shared seed for the pool's first epoch (DataLoader's ``_shared_seed``), else None.
     shared_seed: int | None = None
+    #: The dataset keeps its own state (``state_dict``): every result carries
+    #: the worker copy's state after its task (:class:`Stated`).
+    track_state: bool = False
+    #: By worker id, the state each worker's copy loads before it serves
+    #: (a resume), after ``worker_init_fn`` as in StatefulDataLoader; None: none.
+    worker_states: list[Any] | None = None
+    #: An IterableDataset's resume, by worker id: the copy's state right after
+    #: the interrupted epoch's ``__iter__``, and after its last received batch
+    #: (see :class:`threadloader.state.ResumePlan`); None: not recorded.
+    iter_states: list[Any] | None = None
+    resume_states: list[Any] | None = None
+
+
+class Stated(NamedTuple):
+    """A result (or a ``_STOPPED`` message's payload) with the worker's dataset copy's state after its task."""
+
+    payload: Any
+    state: Any
+    #: An IterableDataset's first result of an epoch: the copy's state right after ``__iter__``.
+    iter_state: Any = None
+    #: The worker resumed from its checkpointed state: none of its batches is to be dropped.
+    went_on: bool = False
+
+
+def _with_state(cfg: _Config, payload: Any) -> Any:
+    if not cfg.track_state:
+        return payload
+    return Stated(payload, dataset_state_of(cfg.dataset, "dataset (a worker's copy)"))
+
+
+def _load_state(cfg: _Config, worker_id: int) -> ExceptionWrapper | None:
+    """Load this worker's recorded dataset state into its copy (a resume); the error, if it raised."""
+    states = cfg.worker_states
+    if states is None or worker_id >= len(states) or states[worker_id] is None:
+        return None
+    try:
+        cfg.dataset.load_state_dict(states[worker_id])
+    except Exception:
+        return ExceptionWrapper(where=_where(worker_id, "dataset.load_state_dict"))
+    return None
 
 
 class _Shared:
@@ -166,6 +213,8 @@ def _worker_main(shared: _Shared, cfg: _Config, worker_id: int, parts: WorkerPar
                 cfg.init_fn(worker_id)
         except Exception:
             init_error = ExceptionWrapper(where=_where(worker_id, "worker_init_fn"))
+        if init_error is None:
+            init_error = _load_state(cfg, worker_id)
         if cfg.kind == DatasetKind.Iterable:
             _serve_iterable(shared, cfg, worker_id, init_error)
         else:
@@ -325,7 +374,7 @@ def _map_step(shared: _Shared, cfg: _Config, worker_id: int, setup: _SetupError)
     counters.fetched(gen, samples_in(index) if cfg.auto_collation else 1)
     if not isinstance(payload, ExceptionWrapper):
         payload = _finish(cfg, payload, counters, worker_id)
-    shared.post(gen, idx, worker_id, payload)
+    shared.post(gen, idx, worker_id, _with_state(cfg, payload))
     counters.tasks += 1
     return True
 
@@ -340,11 +389,14 @@ class ShortBatch(NamedTuple):
 class _Replica:
     """One worker's IterableDataset iterator and where it stands."""
 
-    __slots__ = ("fetcher", "gen", "ended", "setup", "collated", "finish_s")
+    __slots__ = ("fetcher", "gen", "ended", "setup", "collated", "finish_s", "iter_state", "went_on", "resuming")
 
-    def __init__(self, init_error: ExceptionWrapper | None) -> None:
+    def __init__(self, init_error: ExceptionWrapper | None, resuming: bool = False) -> None:
         self.fetcher: Any = None
         self.gen = -1
+        self.iter_state: Any = None  # the copy's state after this epoch's __iter__, until posted
+        self.went_on = False  # resumed from the checkpointed state (posted with the first result)
+        self.resuming = resuming  # the first epoch of a resume, not begun yet
         self.ended = False
         self.setup = _SetupError(init_error)
         self.collated = 0  # samples in the batch the fetcher collated last
@@ -353,7 +405,7 @@ class _Replica:
 
 def _serve_iterable(shared: _Shared, cfg: _Config, worker_id: int, init_error: ExceptionWrapper | None) -> None:
     counters = shared.counters[worker_id]
-    replica = _Replica(init_error)
+    replica = _Replica(init_error, resuming=cfg.iter_states is not None)
 
     def collate(data: Any) -> Any:
         replica.collated = len(data) if cfg.auto_collation else 1
@@ -373,23 +425,18 @@ def _iterable_step(shared: _Shared, cfg: _Config, worker_id: int, replica: _Repl
     if job is None:
         return False
     idx, gen, index = job
+    if idx == ITER_TASK:
+        if gen != replica.gen:
+            _begin_epoch(shared, cfg, worker_id, replica, gen, collate)  # an error waits for the epoch's first task
+        shared.results.put((_SYNCED, gen, ITER_TASK, worker_id, _replica_stated(cfg, None, replica)))
+        return True
     failed = replica.setup.for_task(gen)
     if failed is not None:
         shared.post(gen, idx, worker_id, failed)
         return True
-    if gen != replica.gen:
-        # A new epoch (persistent workers): a fresh replica iterator, as
-        # DataLoader's workers make on _ResumeIteration.
-        replica.gen, replica.ended, replica.fetcher = gen, False, None
-        try:
-            seed = shared.epoch_seeds.get(gen)
-            if seed is not None:  # a DataPipe's next epoch: reseeded as on DataLoader's _ResumeIteration
-                seed_graph(cfg.dataset, seed)
-            replica.fetcher = create_fetcher(cfg.kind, cfg.dataset, cfg.auto_collation, collate, cfg.drop_last)
-        except Exception:
-            replica.setup = _SetupError(ExceptionWrapper(where=_where(worker_id, "IterableDataset.__iter__")), gen)
-            shared.post(gen, idx, worker_id, replica.setup.error)
-            return True
+    if gen != replica.gen and not _begin_epoch(shared, cfg, worker_id, replica, gen, collate):
+        shared.post(gen, idx, worker_id, replica.setup.error)
+        return True
     if replica.ended:
         return True  # DataLoader's exhausted workers ignore further tasks
     t0 = time.perf_counter()
@@ -398,7 +445,7 @@ def _iterable_step(shared: _Shared, cfg: _Config, worker_id: int, replica: _Repl
         payload = replica.fetcher.fetch(index)
     except StopIteration:
         replica.ended = True
-        shared.results.put((_STOPPED, gen, idx, worker_id, None))
+        shared.results.put((_STOPPED, gen, idx, worker_id, _replica_stated(cfg, None, replica)))
         return True
     except Exception:
         payload = ExceptionWrapper(where=_where(worker_id, "IterableDataset"))
@@ -410,7 +457,62 @@ def _iterable_step(shared: _Shared, cfg: _Config, worker_id: int, replica: _Repl
         # The replica ran out mid-batch: the consumer's stats count the
         # samples this batch holds, not the batch size it asked for.
         payload = ShortBatch(payload, replica.collated)
-    shared.post(gen, idx, worker_id, payload)
+    shared.post(gen, idx, worker_id, _replica_stated(cfg, payload, replica))
+    return True
+
+
+def _begin_epoch(shared: _Shared, cfg: _Config, worker_id: int, replica: _Replica, gen: int,
+                 collate: Callable) -> bool:
+    """A new epoch (persistent workers): a fresh replica iterator, as DataLoader's workers make on _ResumeIteration.
+
+    Returns:
+        False: ``__iter__`` raised; the error is the epoch's (``replica.setup``).
+    """
+    replica.gen, replica.ended, replica.fetcher = gen, False, None
+    try:
+        seed = shared.epoch_seeds.get(gen)
+        if seed is not None:  # a DataPipe's next epoch: reseeded as on DataLoader's _ResumeIteration
+            seed_graph(cfg.dataset, seed)
+        replica.fetcher = create_fetcher(cfg.kind, cfg.dataset, cfg.auto_collation, collate, cfg.drop_last)
+        if cfg.track_state:
+            replica.iter_state = dataset_state_of(cfg.dataset, "dataset (a worker's copy)")
+            if replica.resuming:
+                replica.resuming = False
+                if _goes_on_from_checkpoint(cfg, worker_id, replica.iter_state):
+                    replica.fetcher = create_fetcher(cfg.kind, cfg.dataset, cfg.auto_collation, collate, cfg.drop_last)
+                    replica.went_on, replica.iter_state = True, None
+    except Exception:
+        replica.setup = _SetupError(ExceptionWrapper(where=_where(worker_id, "IterableDataset.__iter__")), gen)
+        return False
+    return True
+
+
+def _replica_stated(cfg: _Config, payload: Any, replica: _Replica) -> Any:
+    """``payload`` with the copy's state; the epoch's first one also with its state after ``__iter__``."""
+    if not cfg.track_state:
+        return payload
+    stated = Stated(payload, dataset_state_of(cfg.dataset, "dataset (a worker's copy)"), replica.iter_state,
+                    replica.went_on)
+    replica.iter_state, replica.went_on = None, False
+    return stated
+
+
+def _goes_on_from_checkpoint(cfg: _Config, worker_id: int, iter_state: Any) -> bool:
+    """A resumed IterableDataset copy: load its checkpointed state (True) where reading again would not do.
+
+    Reading the received batches again reproduces them when ``__iter__``
+    from the epoch-start state left the copy as it left it in the
+    interrupted run. Otherwise (its state is a position, which
+    ``load_state_dict`` makes the next ``__iter__`` resume from, as
+    StatefulDataLoader expects) the copy loads its state after its last
+    received batch and goes on from there.
+    """
+    recorded = cfg.iter_states[worker_id] if worker_id < len(cfg.iter_states or ()) else None
+    resume = cfg.resume_states[worker_id] if worker_id < len(cfg.resume_states or ()) else None
+    if recorded is None or same_state(iter_state, recorded):
+        return False
+    # None received yet: it goes on from where its __iter__ left it.
+    cfg.dataset.load_state_dict(recorded if resume is None else resume)
     return True
 
 def _drain(q: queue.SimpleQueue) -> None:

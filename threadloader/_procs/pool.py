@@ -45,7 +45,7 @@ import torch.multiprocessing as torch_mp
 
 from .. import _fork, _torch_compat
 from .._engine.pool import JOIN_BUDGET_S
-from .._engine.worker_loop import _CRASHED, _DATA, _DIED, STOPPED_MESSAGE, ProcessDeath, _Config, pin_task
+from .._engine.worker_loop import _CRASHED, _DATA, _DIED, STOPPED_MESSAGE, ProcessDeath, Stated, _Config, pin_task
 from .._torch_compat import ExceptionWrapper
 from .mirror import Mirror
 from .child import POLL_S, child_main
@@ -517,8 +517,12 @@ def _forward(pool: ProcessPool, child: _Child, pid: int, msg: tuple[int, int, in
     # descriptors went with it) is that worker's death, not the task's.
     if isinstance(payload, ReceiveError) and _failed_if_died(pool, child, pid):
         return False
-    if pool._pin and kind == _DATA and not isinstance(payload, ExceptionWrapper):
-        payload = pin_task(payload, pool._pin_device, pool.counters[worker_id], worker_id)
+    if pool._pin and kind == _DATA:
+        stated = type(payload) is Stated
+        batch = payload.payload if stated else payload
+        if not isinstance(batch, ExceptionWrapper):
+            batch = pin_task(batch, pool._pin_device, pool.counters[worker_id], worker_id)
+        payload = Stated(batch, payload.state) if stated else batch
     pool.results.put((kind, gen, idx, worker_id, payload))
     return True
 
