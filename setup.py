@@ -12,7 +12,8 @@ from setuptools import Extension, setup
 native = Extension(
     "threadloader.io._native",
     sources=["threadloader/io/_native.c"],
-    libraries=["dl"] if sys.platform.startswith("linux") else [],
+    libraries=(["dl", "m"] if sys.platform.startswith("linux") else []),
+    extra_compile_args=["-O3"],
     optional=True,
 )
 

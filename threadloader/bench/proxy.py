@@ -146,7 +146,7 @@ def _use_path(path: str) -> None:
     from threadloader.io import image
 
     os.environ["THREADLOADER_NATIVE"] = "1" if path == "native" else "0"
-    image._native_load = image._bind_native()
+    image._install_native()
 
 
 def _paths() -> list[str]:
@@ -219,7 +219,7 @@ def run_proxy(args: argparse.Namespace) -> list[dict[str, Any]]:
             os.environ["THREADLOADER_NATIVE"] = saved
         from threadloader.io import image
 
-        image._native_load = image._bind_native()
+        image._install_native()
     _print(rows, why)
     return rows
 

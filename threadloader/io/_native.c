@@ -14,6 +14,8 @@
 #include <Python.h>
 
 #include <dlfcn.h>
+#include <math.h>
+#include <stdint.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -283,6 +285,397 @@ static PyObject *load(PyObject *self, PyObject *args, PyObject *kwargs) {
     return result;
 }
 
+/* --- antialiased bilinear resize, uint8 RGB: torch's _upsample_bilinear2d_aa integer kernel ---
+ *
+ * The same separable filter and fixed-point arithmetic as torch's uint8 CPU kernel (itself
+ * Pillow-SIMD's): weights computed in double, normalised, scaled to int16 at the precision the
+ * largest weight allows; a horizontal pass into uint8 rows, then a vertical one; each sum
+ * rounded by adding half an LSB, shifted and clamped. A pass whose size does not change is
+ * skipped, as there. The result is bit-identical (tests/test_frames.py checks it against torch).
+ */
+typedef struct {
+    int size;       /* output length */
+    int taps;       /* weights per output */
+    int precision;  /* fixed-point bits */
+    int *start;     /* first input index per output */
+    int *count;     /* inputs used per output */
+    int16_t *w;     /* size x taps */
+} axis;
+
+static void axis_free(axis *a) {
+    free(a->start);
+    free(a->count);
+    free(a->w);
+}
+
+static int axis_init(axis *a, int in, int out) {
+    double scale = (double)in / out;
+    double support = scale >= 1.0 ? scale : 1.0;
+    double invscale = scale >= 1.0 ? 1.0 / scale : 1.0;
+    int taps = (int)ceil(support) * 2 + 1;
+    a->size = out, a->taps = taps;
+    a->start = malloc(sizeof(int) * out);
+    a->count = malloc(sizeof(int) * out);
+    a->w = malloc(sizeof(int16_t) * ((size_t)out * taps + 1));
+    double *wd = malloc(sizeof(double) * (size_t)out * taps);
+    if (!a->start || !a->count || !a->w || !wd) {
+        free(wd);
+        axis_free(a);
+        return -1;
+    }
+    double wmax = 0.0;
+    for (int i = 0; i < out; i++) {
+        double center = scale * (i + 0.5);
+        long long lo = (long long)(center - support + 0.5);
+        if (lo < 0) lo = 0;
+        long long hi = (long long)(center + support + 0.5);
+        if (hi > in) hi = in;
+        int n = (int)(hi - lo);
+        if (n > taps) n = taps;
+        double *wi = wd + (size_t)i * taps, total = 0.0;
+        for (int j = 0; j < n; j++) {
+            double x = (j + lo - center + 0.5) * invscale;
+            if (x < 0) x = -x;
+            double v = x < 1.0 ? 1.0 - x : 0.0;
+            wi[j] = v;
+            total += v;
+        }
+        for (int j = n; j < taps; j++) wi[j] = 0.0;
+        if (total != 0.0)
+            for (int j = 0; j < n; j++) {
+                wi[j] /= total;
+                if (wi[j] > wmax) wmax = wi[j];
+            }
+        a->start[i] = (int)lo, a->count[i] = n;
+    }
+    int p = 0;
+    for (; p < 22; p++)
+        if ((int)(0.5 + wmax * (1 << (p + 1))) >= (1 << 15)) break;
+    a->precision = p;
+    a->w[(size_t)out * taps] = 0;  /* read, with weight 0, by the last output's last pair of taps */
+    for (size_t k = 0; k < (size_t)out * taps; k++) {
+        double v = wd[k] * (1 << p);
+        a->w[k] = (int16_t)(v < 0 ? (int)(-0.5 + v) : (int)(0.5 + v));
+    }
+    free(wd);
+    return 0;
+}
+
+static inline unsigned char clamp8(int v) { return v < 0 ? 0 : v > 255 ? 255 : (unsigned char)v; }
+
+/* src rows of RGB pixels (row stride src_stride bytes) -> dst rows of ax->size pixels. */
+static void pass_horizontal_scalar(const unsigned char *src, Py_ssize_t src_stride, int rows, const axis *ax,
+                                   unsigned char *dst, Py_ssize_t dst_stride) {
+    int half = 1 << (ax->precision - 1), shift = ax->precision;
+    for (int y = 0; y < rows; y++) {
+        const unsigned char *row = src + y * src_stride;
+        unsigned char *o = dst + y * dst_stride;
+        for (int x = 0; x < ax->size; x++) {
+            const unsigned char *p = row + (Py_ssize_t)ax->start[x] * 3;
+            const int16_t *w = ax->w + (size_t)x * ax->taps;
+            int r = half, g = half, b = half;
+            for (int k = 0; k < ax->count[x]; k++, p += 3) {
+                r += p[0] * w[k], g += p[1] * w[k], b += p[2] * w[k];
+            }
+            o[3 * x] = clamp8(r >> shift), o[3 * x + 1] = clamp8(g >> shift), o[3 * x + 2] = clamp8(b >> shift);
+        }
+    }
+}
+
+/* src rows of `bytes_per_row` bytes -> ax->size rows. */
+static void pass_vertical_scalar(const unsigned char *src, Py_ssize_t src_stride, int bytes_per_row, const axis *ax,
+                                 unsigned char *dst, Py_ssize_t dst_stride, int *acc) {
+    int half = 1 << (ax->precision - 1), shift = ax->precision;
+    for (int y = 0; y < ax->size; y++) {
+        const int16_t *w = ax->w + (size_t)y * ax->taps;
+        for (int i = 0; i < bytes_per_row; i++) acc[i] = half;
+        for (int k = 0; k < ax->count[y]; k++) {
+            const unsigned char *row = src + (Py_ssize_t)(ax->start[y] + k) * src_stride;
+            int wk = w[k];
+            for (int i = 0; i < bytes_per_row; i++) acc[i] += row[i] * wk;
+        }
+        unsigned char *o = dst + y * dst_stride;
+        for (int i = 0; i < bytes_per_row; i++) o[i] = clamp8(acc[i] >> shift);
+    }
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define HAVE_SIMD 1
+
+/* The same sums as the scalar passes (integer arithmetic: the order of the additions does not
+ * matter), two taps per multiply-add. `pairs` holds each output's weights two by two, as the
+ * int32 (w[k] | w[k+1] << 16) a multiply-add takes; count[x] rounded up to pairs. */
+static int32_t *weight_pairs(const axis *ax) {
+    int per = (ax->taps + 1) / 2;
+    int32_t *pairs = malloc(sizeof(int32_t) * (size_t)ax->size * per);
+    if (pairs == NULL) return NULL;
+    for (int x = 0; x < ax->size; x++) {
+        const int16_t *w = ax->w + (size_t)x * ax->taps;
+        int n = ax->count[x];
+        for (int k = 0; k < per; k++) {
+            int a = 2 * k < n ? w[2 * k] : 0, b = 2 * k + 1 < n ? w[2 * k + 1] : 0;
+            pairs[(size_t)x * per + k] = (int32_t)((uint32_t)(uint16_t)a | ((uint32_t)(uint16_t)b << 16));
+        }
+    }
+    return pairs;
+}
+
+/* Rows whose every 8-byte load stays inside the buffer: all but the last (a pair of taps reads 8
+ * bytes from its first pixel, up to 5 past the row's end; the next row is there). */
+__attribute__((target("ssse3"))) static void pass_horizontal_simd(
+        const unsigned char *src, Py_ssize_t src_stride, int rows, const axis *ax, const int32_t *pairs,
+        unsigned char *dst, Py_ssize_t dst_stride) {
+    int shift = ax->precision, per = (ax->taps + 1) / 2;
+    const __m128i half = _mm_set1_epi32(1 << (ax->precision - 1));
+    /* bytes A.r A.g A.b B.r B.g B.b -> int16 A.r B.r A.g B.g A.b B.b 0 0 */
+    const __m128i shuffle = _mm_setr_epi8(0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1);
+    int y = 0;
+    for (; y + 1 < rows; y += 2) {  /* two rows at once: the same weights */
+        const unsigned char *r0 = src + y * src_stride, *r1 = r0 + src_stride;
+        unsigned char *o0 = dst + y * dst_stride, *o1 = o0 + dst_stride;
+        for (int x = 0; x < ax->size; x++) {
+            Py_ssize_t off = (Py_ssize_t)ax->start[x] * 3;
+            const unsigned char *p0 = r0 + off, *p1 = r1 + off;
+            const int32_t *wp = pairs + (size_t)x * per;
+            int np = (ax->count[x] + 1) / 2;
+            __m128i a0 = half, a1 = half;
+            for (int k = 0; k < np; k++, p0 += 6, p1 += 6) {
+                int64_t b0, b1;
+                memcpy(&b0, p0, 8);
+                memcpy(&b1, p1, 8);
+                __m128i wt = _mm_set1_epi32(wp[k]);
+                a0 = _mm_add_epi32(a0, _mm_madd_epi16(_mm_shuffle_epi8(_mm_cvtsi64_si128(b0), shuffle), wt));
+                a1 = _mm_add_epi32(a1, _mm_madd_epi16(_mm_shuffle_epi8(_mm_cvtsi64_si128(b1), shuffle), wt));
+            }
+            __m128i packed = _mm_packs_epi32(_mm_srai_epi32(a0, shift), _mm_srai_epi32(a1, shift));
+            packed = _mm_packus_epi16(packed, packed);
+            int32_t rgb0 = _mm_cvtsi128_si32(packed), rgb1 = _mm_extract_epi16(packed, 2) |
+                           (_mm_extract_epi16(packed, 3) << 16);
+            o0[3 * x] = (unsigned char)rgb0, o0[3 * x + 1] = (unsigned char)(rgb0 >> 8);
+            o0[3 * x + 2] = (unsigned char)(rgb0 >> 16);
+            o1[3 * x] = (unsigned char)rgb1, o1[3 * x + 1] = (unsigned char)(rgb1 >> 8);
+            o1[3 * x + 2] = (unsigned char)(rgb1 >> 16);
+        }
+    }
+    for (; y < rows; y++) {
+        const unsigned char *r0 = src + y * src_stride;
+        unsigned char *o0 = dst + y * dst_stride;
+        for (int x = 0; x < ax->size; x++) {
+            const unsigned char *p0 = r0 + (Py_ssize_t)ax->start[x] * 3;
+            const int32_t *wp = pairs + (size_t)x * per;
+            int np = (ax->count[x] + 1) / 2;
+            __m128i a0 = half;
+            for (int k = 0; k < np; k++, p0 += 6) {
+                int64_t b0;
+                memcpy(&b0, p0, 8);
+                a0 = _mm_add_epi32(a0, _mm_madd_epi16(_mm_shuffle_epi8(_mm_cvtsi64_si128(b0), shuffle),
+                                                      _mm_set1_epi32(wp[k])));
+            }
+            __m128i packed = _mm_packs_epi32(_mm_srai_epi32(a0, shift), a0);
+            int32_t rgb0 = _mm_cvtsi128_si32(_mm_packus_epi16(packed, packed));
+            o0[3 * x] = (unsigned char)rgb0, o0[3 * x + 1] = (unsigned char)(rgb0 >> 8);
+            o0[3 * x + 2] = (unsigned char)(rgb0 >> 16);
+        }
+    }
+}
+
+__attribute__((target("ssse3"))) static void pass_vertical_simd(
+        const unsigned char *src, Py_ssize_t src_stride, int bytes_per_row, const axis *ax, const int32_t *pairs,
+        unsigned char *dst, Py_ssize_t dst_stride, int *acc_scalar) {
+    int shift = ax->precision, per = (ax->taps + 1) / 2;
+    const __m128i half = _mm_set1_epi32(1 << (ax->precision - 1)), zero = _mm_setzero_si128();
+    int simd_bytes = bytes_per_row & ~15;
+    for (int y = 0; y < ax->size; y++) {
+        const int16_t *w = ax->w + (size_t)y * ax->taps;
+        const int32_t *wp = pairs + (size_t)y * per;
+        int n = ax->count[y], full = n / 2;
+        const unsigned char *first = src + (Py_ssize_t)ax->start[y] * src_stride;
+        unsigned char *o = dst + y * dst_stride;
+        for (int i = 0; i < simd_bytes; i += 16) {
+            __m128i a0 = half, a1 = half, a2 = half, a3 = half;
+            const unsigned char *r = first + i;
+            for (int k = 0; k < full; k++, r += 2 * src_stride) {
+                __m128i r0 = _mm_loadu_si128((const __m128i *)r);
+                __m128i r1 = _mm_loadu_si128((const __m128i *)(r + src_stride));
+                __m128i wt = _mm_set1_epi32(wp[k]);
+                __m128i lo = _mm_unpacklo_epi8(r0, r1), hi = _mm_unpackhi_epi8(r0, r1);
+                a0 = _mm_add_epi32(a0, _mm_madd_epi16(_mm_unpacklo_epi8(lo, zero), wt));
+                a1 = _mm_add_epi32(a1, _mm_madd_epi16(_mm_unpackhi_epi8(lo, zero), wt));
+                a2 = _mm_add_epi32(a2, _mm_madd_epi16(_mm_unpacklo_epi8(hi, zero), wt));
+                a3 = _mm_add_epi32(a3, _mm_madd_epi16(_mm_unpackhi_epi8(hi, zero), wt));
+            }
+            if (n & 1) {  /* the odd last tap, paired with zeros */
+                __m128i r0 = _mm_loadu_si128((const __m128i *)r);
+                __m128i wt = _mm_set1_epi32(wp[full]);
+                __m128i lo = _mm_unpacklo_epi8(r0, zero), hi = _mm_unpackhi_epi8(r0, zero);
+                a0 = _mm_add_epi32(a0, _mm_madd_epi16(_mm_unpacklo_epi8(lo, zero), wt));
+                a1 = _mm_add_epi32(a1, _mm_madd_epi16(_mm_unpackhi_epi8(lo, zero), wt));
+                a2 = _mm_add_epi32(a2, _mm_madd_epi16(_mm_unpacklo_epi8(hi, zero), wt));
+                a3 = _mm_add_epi32(a3, _mm_madd_epi16(_mm_unpackhi_epi8(hi, zero), wt));
+            }
+            __m128i lo16 = _mm_packs_epi32(_mm_srai_epi32(a0, shift), _mm_srai_epi32(a1, shift));
+            __m128i hi16 = _mm_packs_epi32(_mm_srai_epi32(a2, shift), _mm_srai_epi32(a3, shift));
+            _mm_storeu_si128((__m128i *)(o + i), _mm_packus_epi16(lo16, hi16));
+        }
+        if (simd_bytes < bytes_per_row) {  /* the row's last bytes */
+            int rest = bytes_per_row - simd_bytes, half_s = 1 << (shift - 1);
+            for (int i = 0; i < rest; i++) acc_scalar[i] = half_s;
+            for (int k = 0; k < n; k++) {
+                const unsigned char *r = first + k * src_stride + simd_bytes;
+                for (int i = 0; i < rest; i++) acc_scalar[i] += r[i] * w[k];
+            }
+            for (int i = 0; i < rest; i++) o[simd_bytes + i] = clamp8(acc_scalar[i] >> shift);
+        }
+    }
+}
+#endif
+
+static int simd_ok(void) {
+#ifdef HAVE_SIMD
+    static int ok = -1;
+    if (ok < 0) ok = __builtin_cpu_supports("ssse3") ? 1 : 0;
+    return ok;
+#else
+    return 0;
+#endif
+}
+
+static void pass_horizontal(const unsigned char *src, Py_ssize_t src_stride, int rows, const axis *ax,
+                            unsigned char *dst, Py_ssize_t dst_stride) {
+#ifdef HAVE_SIMD
+    int32_t *pairs;
+    if (rows > 1 && simd_ok() && (pairs = weight_pairs(ax)) != NULL) {
+        pass_horizontal_simd(src, src_stride, rows - 1, ax, pairs, dst, dst_stride);
+        free(pairs);
+        /* the last row: loads past its end could leave the buffer */
+        pass_horizontal_scalar(src + (rows - 1) * src_stride, src_stride, 1, ax, dst + (rows - 1) * dst_stride,
+                               dst_stride);
+        return;
+    }
+#endif
+    pass_horizontal_scalar(src, src_stride, rows, ax, dst, dst_stride);
+}
+
+static void pass_vertical(const unsigned char *src, Py_ssize_t src_stride, int bytes_per_row, const axis *ax,
+                          unsigned char *dst, Py_ssize_t dst_stride, int *acc) {
+#ifdef HAVE_SIMD
+    int32_t *pairs;
+    if (simd_ok() && (pairs = weight_pairs(ax)) != NULL) {
+        pass_vertical_simd(src, src_stride, bytes_per_row, ax, pairs, dst, dst_stride, acc);
+        free(pairs);
+        return;
+    }
+#endif
+    pass_vertical_scalar(src, src_stride, bytes_per_row, ax, dst, dst_stride, acc);
+}
+
+typedef struct {
+    const unsigned char *src;
+    Py_ssize_t src_stride;
+    int in_h, in_w;
+} image_in;
+
+/* One image into `dst` (out_h x out_w x 3, contiguous), with `mid` (in_h x out_w x 3 bytes) and
+ * `acc` (out_w x 3 ints, or in_w x 3 when only the vertical pass runs) as scratch. 0, or -1 when
+ * out of memory. */
+static int resize_one(const image_in *im, int out_h, int out_w, unsigned char *dst, unsigned char *mid, int *acc) {
+    Py_ssize_t dst_stride = (Py_ssize_t)out_w * 3;
+    int need_h = im->in_w != out_w, need_v = im->in_h != out_h;
+    if (!need_h && !need_v) {
+        for (int y = 0; y < out_h; y++) memcpy(dst + y * dst_stride, im->src + y * im->src_stride, dst_stride);
+        return 0;
+    }
+    axis ah = {0}, av = {0};
+    int status = -1;
+    if (need_h && axis_init(&ah, im->in_w, out_w) != 0) goto done;
+    if (need_v && axis_init(&av, im->in_h, out_h) != 0) goto done;
+    const unsigned char *vsrc = im->src;
+    Py_ssize_t vstride = im->src_stride;
+    if (need_h) {
+        pass_horizontal(im->src, im->src_stride, im->in_h, &ah, need_v ? mid : dst, dst_stride);
+        vsrc = mid, vstride = dst_stride;
+    }
+    if (need_v) pass_vertical(vsrc, vstride, (need_h ? out_w : im->in_w) * 3, &av, dst, dst_stride, acc);
+    status = 0;
+done:
+    if (need_h) axis_free(&ah);
+    if (need_v) axis_free(&av);
+    return status;
+}
+
+static PyObject *resize_into(PyObject *self, PyObject *args) {
+    PyObject *sources, *out_obj;
+    int out_h, out_w;
+    if (!PyArg_ParseTuple(args, "OOii:resize_into", &sources, &out_obj, &out_h, &out_w)) return NULL;
+    PyObject *seq = PySequence_Fast(sources, "resize_into needs a sequence of arrays");
+    if (seq == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    Py_buffer out = {0};
+    Py_buffer *views = calloc(n > 0 ? n : 1, sizeof(Py_buffer));
+    image_in *ims = calloc(n > 0 ? n : 1, sizeof(image_in));
+    Py_ssize_t got = 0;
+    PyObject *result = NULL;
+    if (views == NULL || ims == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (out_h <= 0 || out_w <= 0) {
+        PyErr_SetString(PyExc_ValueError, "resize_into: the output size must be positive");
+        goto done;
+    }
+    if (PyObject_GetBuffer(out_obj, &out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) != 0) goto done;
+    if (out.len < (Py_ssize_t)n * out_h * out_w * 3) {
+        PyErr_SetString(PyExc_ValueError, "resize_into: the output buffer is too small");
+        goto done;
+    }
+    for (; got < n; got++) {
+        Py_buffer *v = &views[got];
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, got);
+        if (item == Py_None) continue;  /* a slot filled by the caller */
+        if (PyObject_GetBuffer(item, v, PyBUF_STRIDED_RO | PyBUF_FORMAT) != 0) goto done;
+        if ((v->format != NULL && strcmp(v->format, "B") != 0) || v->ndim != 3 || v->shape[2] != 3 || v->itemsize != 1 || v->strides[2] != 1 || v->strides[1] != 3 ||
+            v->strides[0] < v->shape[1] * 3 || v->shape[0] <= 0 || v->shape[1] <= 0) {
+            got++;
+            PyErr_SetString(PyExc_ValueError, "resize_into: each source must be (H, W, 3) uint8 with packed rows");
+            goto done;
+        }
+        ims[got].src = v->buf, ims[got].src_stride = v->strides[0];
+        ims[got].in_h = (int)v->shape[0], ims[got].in_w = (int)v->shape[1];
+    }
+    int failed = 0;
+    Py_BEGIN_ALLOW_THREADS
+    /* Scratch for the whole batch, sized for its largest image. */
+    size_t slot = (size_t)out_h * out_w * 3, mid_bytes = 1, acc_ints = (size_t)out_w * 3;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (ims[i].src == NULL) continue;
+        size_t m = (size_t)ims[i].in_h * out_w * 3, a = (size_t)ims[i].in_w * 3;
+        if (m > mid_bytes) mid_bytes = m;
+        if (a > acc_ints) acc_ints = a;
+    }
+    unsigned char *mid = malloc(mid_bytes);
+    int *acc = malloc(sizeof(int) * acc_ints);
+    failed = mid == NULL || acc == NULL;
+    for (Py_ssize_t i = 0; i < n && !failed; i++)
+        if (ims[i].src != NULL) failed = resize_one(&ims[i], out_h, out_w, (unsigned char *)out.buf + i * slot, mid, acc);
+    free(mid);
+    free(acc);
+    Py_END_ALLOW_THREADS
+    if (failed) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    result = Py_NewRef(Py_None);
+done:
+    for (Py_ssize_t i = 0; i < got; i++)
+        if (views[i].obj) PyBuffer_Release(&views[i]);
+    if (out.obj) PyBuffer_Release(&out);
+    free(views);
+    free(ims);
+    Py_DECREF(seq);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"bind", bind, METH_O, "bind(path): use the TurboJPEG 3 library at path."},
     {"load", (PyCFunction)(void (*)(void))load, METH_VARARGS | METH_KEYWORDS,
@@ -290,6 +683,10 @@ static PyMethodDef methods[] = {
      "-> (status, data, pixels, height, width, factor): status 0, the image (height x width) decoded at\n"
      "scale 1/factor into `out` (or a Pixels buffer when `out` is too small), ceil(height / factor) x\n"
      "ceil(width / factor) x 3 bytes; status 1, handed back (data: the file's bytes when read here)."},
+    {"resize_into", resize_into, METH_VARARGS,
+     "resize_into(sources, out, height, width): antialiased bilinear resize of each (H, W, 3) uint8 source\n"
+     "(rows of packed pixels) into its height x width x 3 slot of `out` (None: the slot is left as it\n"
+     "is), bit for bit as torch's uint8 kernel, with the GIL released once for them all."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -35,6 +35,7 @@ from . import _turbojpeg
 from . import _jpeg_stream
 from ._codec import jpeg
 from .._pool import decode_pool
+from .. import frames as _frames
 from ..frames import Frame, _deferred
 
 __all__ = ["ImageDecodeError", "Source", "decode_image", "image_size"]
@@ -553,8 +554,20 @@ def _bind_native() -> Callable[..., Any] | None:
     return _native.load
 
 
+def _install_native() -> None:
+    """Bind the native part (or not, see :func:`_bind_native`): the decoder here, the resize in frames."""
+    global _native_load
+    _native_load = _bind_native()
+    _frames._native_resize = None
+    if _native_load is not None:
+        from . import _native  # type: ignore[attr-defined]
+
+        _frames._native_resize = _native.resize_into
+
+
 #: The native reader-decoder, or None: every file goes the Python way.
-_native_load = _bind_native()
+_native_load: Callable[..., Any] | None = None
+_install_native()
 #: Decoded pixels larger than this are never the guess for the next image's buffer (one panorama
 #: must not make every pooled block that large).
 _GUESS_CAP = 16 << 20
