@@ -406,8 +406,11 @@ static void pass_vertical_scalar(const unsigned char *src, Py_ssize_t src_stride
 /* The same sums as the scalar passes (integer arithmetic: the order of the additions does not
  * matter), two taps per multiply-add. `pairs` holds each output's weights two by two, as the
  * int32 (w[k] | w[k+1] << 16) a multiply-add takes; count[x] rounded up to pairs. */
+/* Pairs per output, rounded up to an even count (the AVX2 pass takes two pairs at a time). */
+static int pairs_per(const axis *ax) { return ((ax->taps + 1) / 2 + 1) & ~1; }
+
 static int32_t *weight_pairs(const axis *ax) {
-    int per = (ax->taps + 1) / 2;
+    int per = pairs_per(ax);
     int32_t *pairs = malloc(sizeof(int32_t) * (size_t)ax->size * per);
     if (pairs == NULL) return NULL;
     for (int x = 0; x < ax->size; x++) {
@@ -426,7 +429,7 @@ static int32_t *weight_pairs(const axis *ax) {
 __attribute__((target("ssse3"))) static void pass_horizontal_simd(
         const unsigned char *src, Py_ssize_t src_stride, int rows, const axis *ax, const int32_t *pairs,
         unsigned char *dst, Py_ssize_t dst_stride) {
-    int shift = ax->precision, per = (ax->taps + 1) / 2;
+    int shift = ax->precision, per = pairs_per(ax);
     const __m128i half = _mm_set1_epi32(1 << (ax->precision - 1));
     /* bytes A.r A.g A.b B.r B.g B.b -> int16 A.r B.r A.g B.g A.b B.b 0 0 */
     const __m128i shuffle = _mm_setr_epi8(0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1);
@@ -483,7 +486,7 @@ __attribute__((target("ssse3"))) static void pass_horizontal_simd(
 __attribute__((target("ssse3"))) static void pass_vertical_simd(
         const unsigned char *src, Py_ssize_t src_stride, int bytes_per_row, const axis *ax, const int32_t *pairs,
         unsigned char *dst, Py_ssize_t dst_stride, int *acc_scalar) {
-    int shift = ax->precision, per = (ax->taps + 1) / 2;
+    int shift = ax->precision, per = pairs_per(ax);
     const __m128i half = _mm_set1_epi32(1 << (ax->precision - 1)), zero = _mm_setzero_si128();
     int simd_bytes = bytes_per_row & ~15;
     for (int y = 0; y < ax->size; y++) {
@@ -529,6 +532,58 @@ __attribute__((target("ssse3"))) static void pass_vertical_simd(
         }
     }
 }
+
+/* As pass_horizontal_simd, four taps per multiply-add (two pairs, one per 128-bit lane), two rows
+ * at once. Loads reach up to 11 bytes past a row's end: the caller leaves the last rows to the
+ * scalar pass. */
+__attribute__((target("avx2"))) static void pass_horizontal_avx2(
+        const unsigned char *src, Py_ssize_t src_stride, int rows, const axis *ax, const int32_t *pairs,
+        unsigned char *dst, Py_ssize_t dst_stride) {
+    int shift = ax->precision, per = pairs_per(ax);
+    const __m256i shuffle = _mm256_setr_epi8(0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1,
+                                             0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1);
+    const __m256i spread = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+    const __m128i half = _mm_set1_epi32(1 << (ax->precision - 1));
+    for (int y = 0; y < rows; y += 2) {
+        int two = y + 1 < rows;
+        const unsigned char *r0 = src + y * src_stride, *r1 = two ? r0 + src_stride : r0;
+        unsigned char *o0 = dst + y * dst_stride, *o1 = o0 + dst_stride;
+        for (int x = 0; x < ax->size; x++) {
+            Py_ssize_t off = (Py_ssize_t)ax->start[x] * 3;
+            const unsigned char *p0 = r0 + off, *p1 = r1 + off;
+            const int32_t *wp = pairs + (size_t)x * per;
+            int nq = (ax->count[x] + 3) / 4;
+            __m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256();
+            for (int q = 0; q < nq; q++, p0 += 12, p1 += 12) {
+                int64_t b0, b1, c0, c1;
+                memcpy(&b0, p0, 8);
+                memcpy(&c0, p0 + 6, 8);
+                memcpy(&b1, p1, 8);
+                memcpy(&c1, p1 + 6, 8);
+                __m256i wt = _mm256_permutevar8x32_epi32(
+                    _mm256_castsi128_si256(_mm_loadl_epi64((const __m128i *)(wp + 2 * q))), spread);
+                __m256i x0 = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_cvtsi64_si128(b0)),
+                                                     _mm_cvtsi64_si128(c0), 1);
+                __m256i x1 = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_cvtsi64_si128(b1)),
+                                                     _mm_cvtsi64_si128(c1), 1);
+                a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(_mm256_shuffle_epi8(x0, shuffle), wt));
+                a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(_mm256_shuffle_epi8(x1, shuffle), wt));
+            }
+            __m128i s0 = _mm_add_epi32(half, _mm_add_epi32(_mm256_castsi256_si128(a0), _mm256_extracti128_si256(a0, 1)));
+            __m128i s1 = _mm_add_epi32(half, _mm_add_epi32(_mm256_castsi256_si128(a1), _mm256_extracti128_si256(a1, 1)));
+            __m128i packed = _mm_packs_epi32(_mm_srai_epi32(s0, shift), _mm_srai_epi32(s1, shift));
+            packed = _mm_packus_epi16(packed, packed);
+            int32_t rgb0 = _mm_cvtsi128_si32(packed), rgb1 = _mm_extract_epi16(packed, 2) |
+                           (_mm_extract_epi16(packed, 3) << 16);
+            o0[3 * x] = (unsigned char)rgb0, o0[3 * x + 1] = (unsigned char)(rgb0 >> 8);
+            o0[3 * x + 2] = (unsigned char)(rgb0 >> 16);
+            if (two) {
+                o1[3 * x] = (unsigned char)rgb1, o1[3 * x + 1] = (unsigned char)(rgb1 >> 8);
+                o1[3 * x + 2] = (unsigned char)(rgb1 >> 16);
+            }
+        }
+    }
+}
 #endif
 
 static int simd_ok(void) {
@@ -541,10 +596,28 @@ static int simd_ok(void) {
 #endif
 }
 
+static int avx2_ok(void) {
+#ifdef HAVE_SIMD
+    static int ok = -1;
+    if (ok < 0) ok = __builtin_cpu_supports("avx2") ? 1 : 0;
+    return ok;
+#else
+    return 0;
+#endif
+}
+
 static void pass_horizontal(const unsigned char *src, Py_ssize_t src_stride, int rows, const axis *ax,
                             unsigned char *dst, Py_ssize_t dst_stride) {
 #ifdef HAVE_SIMD
     int32_t *pairs;
+    if (rows > 4 && avx2_ok() && (pairs = weight_pairs(ax)) != NULL) {
+        pass_horizontal_avx2(src, src_stride, rows - 4, ax, pairs, dst, dst_stride);
+        free(pairs);
+        /* the last rows: loads past their end could leave the buffer */
+        pass_horizontal_scalar(src + (rows - 4) * src_stride, src_stride, 4, ax, dst + (rows - 4) * dst_stride,
+                               dst_stride);
+        return;
+    }
     if (rows > 1 && simd_ok() && (pairs = weight_pairs(ax)) != NULL) {
         pass_horizontal_simd(src, src_stride, rows - 1, ax, pairs, dst, dst_stride);
         free(pairs);
