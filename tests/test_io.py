@@ -1115,6 +1115,9 @@ def test_the_native_part_is_built_where_it_can_be() -> None:
         pytest.skip("no TurboJPEG 3 library: nothing to bind")
     if os.environ.get("THREADLOADER_NATIVE") == "0":
         pytest.skip("turned off by THREADLOADER_NATIVE=0")
-    from threadloader.io import _native  # noqa: F401 - ImportError here is the failure
-
+    try:
+        from threadloader.io import _native  # noqa: F401
+    except ImportError as e:
+        pytest.fail(f"threadloader.io._native is not built ({e}): pip install -e . builds it "
+                    f"(or python setup.py build_ext --inplace in a checkout)")
     assert _image_module._native_load is not None
