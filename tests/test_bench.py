@@ -6,6 +6,7 @@ import argparse
 import csv
 import datetime
 import importlib
+import os
 import shutil
 import subprocess
 import sys
@@ -737,3 +738,52 @@ def test_rows_of_threads_in_processes_name_the_processes_that_ran(small_root) ->
         size=16, loaders=[pipelines.THREADS_IN_PROCESSES], progress=False, worker_processes=8,
     )
     assert rows[0]["note"] == "P=1"  # asked for 8; one worker runs in one process
+
+
+def test_proxy_gil_counts_read_perf_script_lines() -> None:
+    """Drops in the window; a take counts as blocking once, however often it waits."""
+    from threadloader.bench.proxy import _count_events
+
+    script = """
+  10  1.0: tlgil:drop:
+  10  2.0: tlgil:take:
+  10  2.1: tlgil:wait:
+  10  2.2: tlgil:wait:
+  11  2.3: tlgil:drop:
+  11  2.4: tlgil:take:
+  11  2.5: tlgil:drop:
+  12  2.6: tlgil:wait:
+  10  9.0: tlgil:drop:
+"""
+    # Before the window (1.0) and after it (9.0) nothing counts; thread 10's take waits twice but
+    # blocks once; 11's take does not wait; 12's wait has no take seen: not counted.
+    assert _count_events(script, 1.5, 3.0) == (2, 1)
+
+
+def test_proxy_runs_both_frame_paths_and_restores_the_choice(monkeypatch, tmp_path, capsys) -> None:
+    from threadloader.bench import proxy
+    from threadloader.io import image
+
+    seen = []
+
+    def fake_rate(name, root, w, batch_size, batches):
+        seen.append((os.environ.get("THREADLOADER_NATIVE"), image._native_load is not None, name, w))
+        return 100.0
+
+    monkeypatch.setattr(proxy, "_rate", fake_rate)
+    monkeypatch.setattr(proxy, "kernel_bound_rate", lambda *a, **k: (200.0, 10))
+    monkeypatch.setattr(proxy, "gil_probes", lambda: "test")
+    monkeypatch.setattr(proxy, "prepare_dataset", lambda **k: tmp_path)
+    monkeypatch.setattr(proxy, "image_files", lambda root: ["x.jpg"])
+    monkeypatch.delenv("THREADLOADER_NATIVE", raising=False)
+    before = image._native_load
+    args = cli.build_parser().parse_args(["--proxy", "--workers", "2", "--no-progress"])
+    status, rows = cli.run_cli(args)
+    assert status == 0 and [r["threads/bound"] for r in rows] == [0.5] * len(rows)
+    paths = [r["path"] for r in rows]
+    assert paths == (["python", "native"] if before is not None else ["python"])
+    assert ("0", False, proxy.THREADS, 2) in seen
+    if before is not None:
+        assert ("1", True, proxy.THREADS, 2) in seen
+    assert "THREADLOADER_NATIVE" not in os.environ and (image._native_load is None) == (before is None)
+    assert "not counted: test" in capsys.readouterr().out

@@ -9,10 +9,15 @@ import re
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.utils.data import default_collate
 
-from threadloader import Frame, frame_collate
+from threadloader import Frame, _torch_compat, frame_collate
+from threadloader import frames as _frames_module
 from threadloader._context import set_collating
+from threadloader.frames import _deferred
+from threadloader.io import image as _image  # noqa: F401 - installs the native resize
 
 Point = collections.namedtuple("Point", "image label")
 
@@ -646,3 +651,61 @@ def test_threads_reading_a_pending_frame_at_once_all_get_the_frames_own_array():
         own = frame.numpy()
         assert all(a is own for a in got)  # each used to keep the array it resized itself
 
+
+
+# --- the native batch resize (threadloader/io/_native.c) --------------------------
+
+needs_native_resize = pytest.mark.skipif(_frames_module._native_resize is None,
+                                         reason="threadloader.io._native not built or turned off")
+
+
+def _torch_resize(arr: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    out = torch.empty((1, size[0], size[1], 3), dtype=torch.uint8)
+    _torch_compat.resize_op(torch.from_numpy(np.ascontiguousarray(arr)[None]).permute(0, 3, 1, 2), size, False,
+                            out=out.permute(0, 3, 1, 2))
+    return out[0].numpy()
+
+
+@needs_native_resize
+@settings(max_examples=40, deadline=None)
+@given(ih=st.integers(1, 600), iw=st.integers(1, 600), oh=st.integers(1, 300), ow=st.integers(1, 300),
+       seed=st.integers(0, 2**16), crop=st.booleans(), flat=st.sampled_from([None, 0, 255]))
+def test_native_resize_is_torchs_kernel_bit_for_bit(ih, iw, oh, ow, seed, crop, flat) -> None:
+    """Down, up, one axis, one pixel, noise (every rounding) or flat extremes (the clamps); rows may be strided."""
+    rng = np.random.default_rng(seed)
+    full = rng.integers(0, 256, (ih + 3, iw + 5, 3), dtype=np.uint8) if flat is None else \
+        np.full((ih + 3, iw + 5, 3), flat, np.uint8)
+    arr = full[1:1 + ih, 2:2 + iw] if crop else np.ascontiguousarray(full[:ih, :iw])
+    out = np.empty((2, oh, ow, 3), np.uint8)
+    out[1] = 7
+    _frames_module._native_resize([arr, None], out, oh, ow)
+    assert np.array_equal(out[0], _torch_resize(arr, (oh, ow)))
+    assert (out[1] == 7).all()  # a None slot is left alone
+
+
+@needs_native_resize
+def test_collate_resizes_a_batch_in_one_native_call(monkeypatch) -> None:
+    """Pending and ready frames mixed: one native call, the same batch as torch's op per image."""
+    rng = np.random.default_rng(3)
+    arrays = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in [(60, 80), (24, 32), (33, 47), (24, 32)]]
+    frames = [_deferred(arrays[0], (24, 32)), Frame(arrays[1]), _deferred(arrays[2], (24, 32)), Frame(arrays[3])]
+    calls = []
+    real = _frames_module._native_resize
+    monkeypatch.setattr(_frames_module, "_native_resize", lambda *a: calls.append(a) or real(*a))
+    batch = frame_collate(frames)
+    assert len(calls) == 1
+    monkeypatch.setattr(_frames_module, "_native_resize", None)
+    frames = [_deferred(arrays[0], (24, 32)), Frame(arrays[1]), _deferred(arrays[2], (24, 32)), Frame(arrays[3])]
+    assert torch.equal(batch, frame_collate(frames))
+    assert torch.equal(batch[1], torch.from_numpy(arrays[1]).permute(2, 0, 1))
+
+
+@needs_native_resize
+def test_a_frame_the_native_resize_does_not_take_is_resized_by_torch() -> None:
+    """A pending frame over a transposed view (pixels not packed in rows): torch's op, same pixels."""
+    arr = np.random.default_rng(4).integers(0, 256, (40, 30, 3), dtype=np.uint8).transpose(1, 0, 2)
+    with pytest.raises(ValueError):
+        _frames_module._native_resize([arr], np.empty((1, 10, 12, 3), np.uint8), 10, 12)
+    batch = frame_collate([_deferred(arr, (10, 12))])
+    assert np.array_equal(batch[0].permute(1, 2, 0).numpy(), _torch_resize(arr, (10, 12)))
+    assert np.array_equal(_deferred(arr, (10, 12)).numpy(), _torch_resize(arr, (10, 12)))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import os
@@ -22,6 +23,7 @@ from helpers import require_torchvision
 from threadloader import Frame, frame_collate
 from threadloader.datagen import photo_like_image
 from threadloader.io import _turbojpeg
+from threadloader.io import image as _image_module
 from threadloader.io import (
     ImageDecodeError,
     RandomResizedCropLoader,
@@ -922,3 +924,200 @@ def test_formats_told_by_signature_are_the_ones_pillow_identifies(fmt):
     told = _signature_format(data)
     assert told in (None, Image.open(io.BytesIO(data)).format)
     assert (told is not None) == (fmt in ("PNG", "GIF", "WEBP", "TIFF"))
+
+
+# --- the native reader-decoder (threadloader/io/_native.c) -----------------------
+
+needs_native = pytest.mark.skipif(_image_module._native_load is None,
+                                  reason="threadloader.io._native not built, or no TurboJPEG 3 library")
+
+
+def _python_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_image_module, "_native_load", None)
+
+
+def _outcome(fn):
+    try:
+        return fn().numpy()
+    except Exception as e:  # noqa: BLE001 - compared between the two paths
+        return (type(e), str(e))
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, tuple) or isinstance(b, tuple):
+        return a == b
+    return a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a, b)
+
+
+def _varied_files(h: int, w: int, seed: int) -> dict[str, bytes]:
+    px = photo_like_image(h, w, seed)
+    files = {f"jpeg {sub}": codec.encode_jpeg(px, quality=90, colorspace="RGB", colorsubsampling=sub)
+             for sub in ("444", "422", "420", "440")}
+    files["progressive"] = encode(px, "JPEG", progressive=True, quality=85)
+    files["grey"] = encode(px, "JPEG", "L")
+    files["cmyk"] = encode(px, "JPEG", "CMYK")
+    files["png"] = encode(px, "PNG")
+    files["truncated"] = files["jpeg 420"][: len(files["jpeg 420"]) // 2]
+    files["lossless"] = _lossless_jpeg(px) if _turbojpeg.available() else files["jpeg 444"]
+    files["not an image"] = b"\xff\xd8\xff" + bytes(40)
+    return files
+
+
+@needs_native
+@settings(max_examples=12, deadline=None)
+@given(h=st.integers(1, 700), w=st.integers(1, 700), seed=st.integers(0, 2**16),
+       size=st.sampled_from([None, (67, 67), (31, 17), (224, 224), (1, 1), 40]),
+       reducing_gap=st.sampled_from([2.0, 1.0, None, 3.5]), fast=st.booleans())
+def test_native_path_gives_the_python_paths_pixels_and_errors(
+    tmp_path_factory, monkeypatch, h, w, seed, size, reducing_gap, fast,
+) -> None:
+    """Path or bytes, every kind of file: the same pixels (bit for bit) or the same error as the Python path."""
+    folder = tmp_path_factory.mktemp("native")
+    kw = {"size": size, "reducing_gap": reducing_gap, "fastdct": fast, "fastupsample": fast}
+    for name, data in _varied_files(h, w, seed).items():
+        path = folder / f"{name.replace(' ', '_')}.jpg"
+        path.write_bytes(data)
+        for source in (str(path), data):
+            native = _outcome(functools.partial(decode_image, source, **kw))
+            with monkeypatch.context() as m:
+                _python_path(m)
+                python = _outcome(functools.partial(decode_image, source, **kw))
+            assert _same(native, python), (name, type(source).__name__, kw)
+
+
+@needs_native
+def test_native_path_reads_and_decodes_in_one_call(tmp_path, monkeypatch) -> None:
+    """A JPEG path is read and decoded by the native call alone: no Python read, no simplejpeg decode."""
+    p = tmp_path / "a.jpg"
+    p.write_bytes(codec.encode_jpeg(photo_like_image(112, 149, 1), quality=90, colorspace="RGB"))
+    calls = []
+    real = _image_module._native_load
+    monkeypatch.setattr(_image_module, "_native_load", lambda *a: calls.append(a) or real(*a))
+    monkeypatch.setattr(_image_module, "_read_file", lambda *_: pytest.fail("read in Python"))
+    monkeypatch.setattr(_image_module, "jpeg", None)  # any simplejpeg call would fail
+    frame = decode_image(str(p), size=(67, 67))
+    assert len(calls) == 1 and frame.shape == (67, 67, 3)
+
+
+@needs_native
+@pytest.mark.parametrize("size", [0, 1, 4095, 65537, 300_001])
+def test_native_reads_hand_back_the_whole_file(tmp_path, size) -> None:
+    """What the native call does not decode comes back whole (as _read_file reads it)."""
+    p = tmp_path / "f.bin"
+    data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes()
+    p.write_bytes(data)
+    status, back, pixels, _, _, _ = _image_module._native_load(str(p), 0, 0, 0.0, -1, False, False, bytearray(1))
+    assert (status, back, pixels) == (1, data, None)
+
+
+@needs_native
+def test_native_reads_do_not_trust_a_size_of_zero() -> None:
+    if not os.path.exists("/proc/self/cmdline"):
+        pytest.skip("needs Linux /proc")
+    with open("/proc/self/cmdline", "rb") as f:
+        expected = f.read()
+    assert _image_module._native_load("/proc/self/cmdline", 0, 0, 0.0, -1, False, False, bytearray(1))[1] == expected
+
+
+@needs_native
+def test_native_read_errors_name_the_file_as_the_python_path_does(tmp_path, monkeypatch) -> None:
+    sources = [str(tmp_path / "missing.jpg"), str(tmp_path)]
+    if os.geteuid() != 0:
+        locked = tmp_path / "locked.jpg"
+        locked.write_bytes(b"\xff\xd8\xff")
+        locked.chmod(0)
+        sources.append(str(locked))
+    for source in sources:
+        native = _outcome(functools.partial(decode_image, source, size=8))
+        with monkeypatch.context() as m:
+            _python_path(m)
+            python = _outcome(functools.partial(decode_image, source, size=8))
+        assert native == python and source in native[1]
+
+
+def _owner(arr: np.ndarray):
+    while isinstance(arr, np.ndarray):
+        arr = arr.base
+    return arr
+
+
+@needs_native
+def test_native_path_recovers_after_any_failure() -> None:
+    """A failed header or decode leaves the thread's decompressor usable for the next file."""
+    good = codec.encode_jpeg(photo_like_image(50, 60, 5), quality=90, colorspace="RGB")
+    expected = codec.decode_jpeg(good, colorspace="RGB")
+    for name, bad in _varied_files(40, 50, 6).items():
+        with contextlib.suppress(ImageDecodeError):
+            decode_image(bad)
+        status, _, pixels, h, w, _ = _image_module._native_load(good, 0, 0, 0.0, -1, False, False, bytearray(1))
+        assert status == 0 and np.array_equal(np.frombuffer(pixels, np.uint8).reshape(h, w, 3), expected), name
+
+
+@needs_native
+def test_native_decodes_into_pooled_memory_sized_by_the_last_image(tmp_path) -> None:
+    """A larger image than the thread's last gets memory of its own, and sets the size for the next."""
+    import threading
+
+    from threadloader._pool import decode_pool
+
+    small = codec.encode_jpeg(photo_like_image(40, 50, 2), quality=90, colorspace="RGB")
+    big = codec.encode_jpeg(photo_like_image(300, 400, 3), quality=90, colorspace="RGB")
+    expected = codec.decode_jpeg(big, colorspace="RGB")
+    results = []
+
+    def run() -> None:  # a fresh thread: no size learnt yet
+        first = decode_image(big)
+        lent = decode_pool.stats()["lent"]
+        second = decode_image(big)  # into a pooled block now
+        results.append((first.numpy(), second.numpy(), decode_pool.stats()["lent"] - lent, decode_image(small).numpy()))
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    first, second, new_loans, tiny = results[0]
+    assert np.array_equal(first, expected) and np.array_equal(second, expected)
+    assert new_loans == 1  # the second's block (the one the first call took, unused, is back)
+    assert _owner(first).__class__.__name__ == "Pixels" and isinstance(_owner(second), memoryview)
+    assert first.flags.writeable and second.flags.writeable
+    assert np.array_equal(tiny, codec.decode_jpeg(small, colorspace="RGB"))
+
+
+def test_without_the_native_part_the_python_path_decodes(monkeypatch) -> None:
+    """Not built (ImportError), turned off, or no TurboJPEG library: _bind_native gives None and decoding works."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_native(name, globals=None, locals=None, fromlist=(), level=0):
+        if fromlist and "_native" in fromlist:
+            raise ImportError("not built")
+        return real_import(name, globals, locals, fromlist, level)
+
+    with monkeypatch.context() as m:
+        m.setattr(builtins, "__import__", no_native)
+        assert _image_module._bind_native() is None
+    with monkeypatch.context() as m:
+        m.setenv("THREADLOADER_NATIVE", "0")
+        assert _image_module._bind_native() is None
+    with monkeypatch.context() as m:
+        m.setattr(_turbojpeg, "library_path", lambda: None)
+        assert _image_module._bind_native() is None
+    _python_path(monkeypatch)
+    data = codec.encode_jpeg(photo_like_image(30, 40, 4), quality=90, colorspace="RGB")
+    assert np.array_equal(decode_image(data).numpy(), codec.decode_jpeg(data, colorspace="RGB"))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or sys.implementation.name != "cpython",
+                    reason="the native part is built on Linux CPython")
+def test_the_native_part_is_built_where_it_can_be() -> None:
+    """optional=True hides a failed build: here (gcc and headers present) it must have built and bound."""
+    if not _turbojpeg.available():
+        pytest.skip("no TurboJPEG 3 library: nothing to bind")
+    if os.environ.get("THREADLOADER_NATIVE") == "0":
+        pytest.skip("turned off by THREADLOADER_NATIVE=0")
+    try:
+        from threadloader.io import _native  # noqa: F401
+    except ImportError as e:
+        pytest.fail(f"threadloader.io._native is not built ({e}): pip install -e . builds it "
+                    f"(or python setup.py build_ext --inplace in a checkout)")
+    assert _image_module._native_load is not None

@@ -34,6 +34,10 @@ __all__ = ["Frame", "frame_collate"]
 
 _from_numpy = torch.from_numpy
 _resize = _torch_compat.resize_op
+#: ``resize_into(sources, out, h, w)``: the image path's native resize (threadloader.io._native),
+#: bit-identical to ``_resize``, one native call per batch; installed by ``threadloader.io.image``
+#: where it is built, else None (torch's op resizes, one call per image).
+_native_resize: Any = None
 
 
 class Frame:
@@ -94,8 +98,7 @@ class Frame:
         if size is None:
             return arr
         out = np.empty((size[0], size[1], arr.shape[2]), dtype=np.uint8)
-        _resize(_from_numpy(arr[None].transpose(0, 3, 1, 2)), size, False,
-                out=_from_numpy(out[None].transpose(0, 3, 1, 2)))
+        _resize_frames([arr], [size], out[None])
         with _publish_lock:  # the first reader to finish publishes; the others return its array
             kept, pending = self._state
             if pending is None:
@@ -225,24 +228,44 @@ def _collate_frames_body(batch: Any, transform: Any) -> torch.Tensor:
         append(state)
     full = (len(states), *shape)
     pixels = _batch_buffer(full, torch.uint8) if transform is None else _scratch(full)
-    dst = slots = None
-    resize, from_numpy = _resize, _from_numpy
+    dst = pixels.numpy()
+    pending = None
     for i, (arr, size) in enumerate(states):
         if size is None:
-            if dst is None:
-                dst = pixels.numpy()
             # One copy per frame; numpy releases the GIL for large plain copies.
             np.copyto(dst[i], arr, casting="no")
-        else:
-            if slots is None:
-                slots = pixels.permute(0, 3, 1, 2).split(1)
-            # The resize writes straight into the batch: no per-image result.
-            resize(from_numpy(arr[None].transpose(0, 3, 1, 2)), size, False, out=slots[i])
+        elif pending is None:
+            pending = i
+    if pending is not None:
+        # The resizes write straight into the batch: no per-image result.
+        _resize_frames([arr for arr, _ in states], [size for _, size in states], dst, first=pending)
     if transform is None:
         return pixels.permute(0, 3, 1, 2)
     out = _batch_buffer(full, transform.dtype).permute(0, 3, 1, 2)
     transform._affine(pixels.permute(0, 3, 1, 2), out)
     return out
+
+
+def _resize_frames(arrays: list[np.ndarray], sizes: list[Any], dst: np.ndarray, first: int = 0) -> None:
+    """Resize ``arrays[i]`` into ``dst[i]`` for each ``sizes[i]`` that is not None (a pending resize).
+
+    One native call for them all where the image path installed it (the GIL
+    is released once per batch); else torch's op, once per image. Both give
+    the same pixels.
+    """
+    native = _native_resize
+    if native is not None:
+        sources = [arr if size is not None else None for arr, size in zip(arrays, sizes)]
+        try:
+            native(sources, dst, dst.shape[1], dst.shape[2])
+            return
+        except ValueError:  # an array the native kernel does not take (not packed RGB rows)
+            pass
+    slots = _from_numpy(dst).permute(0, 3, 1, 2).split(1)
+    for i in range(first, len(arrays)):
+        size = sizes[i]
+        if size is not None:
+            _resize(_from_numpy(arrays[i][None].transpose(0, 3, 1, 2)), size, False, out=slots[i])
 
 
 def _collate_arrays(collate_arrays: Any, batch: Any, *, collate_fn_map: Any = None) -> Any:

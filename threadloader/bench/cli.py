@@ -209,6 +209,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="small run, about a minute on 2 cores")
     mode.add_argument("--smoke", action="store_true", help="tiny run for tests (seconds)")
+    mode.add_argument("--proxy", action="store_true",
+                      help="many cores' GIL load on a few: 1/8-cost images, threads vs processes vs the kernel "
+                           "alone, with GIL hand-offs per image (threadloader/bench/proxy.py)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     return parser
 
@@ -590,6 +593,10 @@ def run_cli(args: argparse.Namespace) -> tuple[int, list[dict[str, Any]]]:
         ``(exit status, rows)``: 0, 1 on an expected error, 130 on Ctrl-C.
     """
     try:
+        if getattr(args, "proxy", False):
+            from threadloader.bench.proxy import run_proxy
+
+            return 0, run_proxy(args)
         return 0, run(args)
     except BenchError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)

@@ -25,6 +25,7 @@ import numbers
 import os
 import stat
 import struct
+import threading
 import warnings
 from typing import Any, Callable, Iterator, Sequence, Union
 
@@ -34,6 +35,7 @@ from . import _turbojpeg
 from . import _jpeg_stream
 from ._codec import jpeg
 from .._pool import decode_pool
+from .. import frames as _frames
 from ..frames import Frame, _deferred
 
 __all__ = ["ImageDecodeError", "Source", "decode_image", "image_size"]
@@ -511,13 +513,109 @@ def decode_image(
     if crop is not None:
         crop = _crop_box(crop)
     _check_reducing_gap(reducing_gap)
-    # ImageFolder's paths are the common case: first and cheapest.
-    data = _read_file(source) if type(source) is str else _read_source(source)
+    if crop is None and _native_load is not None and (type(source) is str or type(source) is bytes):
+        # Read, header, scaled decode in one native call (one GIL release);
+        # what it does not decode comes back, read, for the path below.
+        frame = _native_frame(source, pair, reducing_gap, fastdct, fastupsample)
+        if type(frame) is Frame:
+            return frame
+        data = frame
+    else:
+        # ImageFolder's paths are the common case: first and cheapest.
+        data = _read_file(source) if type(source) is str else _read_source(source)
     try:
         return _decode_data(data, source, pair, crop, reducing_gap, fastdct, fastupsample)
     except _CropOutsideImage as e:
         # The internal class would show in the user's traceback.
         raise ValueError(str(e)) from None
+
+
+# --- the native path ------------------------------------------------------------
+
+def _bind_native() -> Callable[..., Any] | None:
+    """``_native.load`` bound to the TurboJPEG library, or None (not built, no library, or turned off).
+
+    ``THREADLOADER_NATIVE=0`` turns it off (the Python path then decodes
+    every file, as it did before the native part existed).
+    """
+    if os.environ.get("THREADLOADER_NATIVE", "1") == "0":
+        return None
+    try:
+        from . import _native  # type: ignore[attr-defined]
+    except ImportError:  # not built (the build is optional): the Python path decodes
+        return None
+    path = _turbojpeg.library_path()
+    if path is None:
+        return None
+    try:
+        _native.bind(path)
+    except OSError:
+        return None
+    return _native.load
+
+
+def _install_native() -> None:
+    """Bind the native part (or not, see :func:`_bind_native`): the decoder here, the resize in frames."""
+    global _native_load
+    _native_load = _bind_native()
+    _frames._native_resize = None
+    if _native_load is not None:
+        from . import _native  # type: ignore[attr-defined]
+
+        _frames._native_resize = _native.resize_into
+
+
+#: The native reader-decoder, or None: every file goes the Python way.
+_native_load: Callable[..., Any] | None = None
+_install_native()
+#: Decoded pixels larger than this are never the guess for the next image's buffer (one panorama
+#: must not make every pooled block that large).
+_GUESS_CAP = 16 << 20
+_guess = threading.local()
+
+
+def _pixel_limit() -> int:
+    from PIL import Image
+
+    limit = Image.MAX_IMAGE_PIXELS
+    return -1 if limit is None else int(limit)
+
+
+def _native_frame(
+    source: str | bytes, size: tuple[int, int] | None, reducing_gap: float | None, fastdct: bool, fastupsample: bool,
+) -> Frame | Any:
+    """The frame of a JPEG that the native call decoded, or the source's bytes for the Python path.
+
+    The pixels go into a pooled block the size of this thread's last image
+    (the size is known only once the file is read); a larger image gets
+    memory of its own and sets the size for the next.
+
+    Raises:
+        OSError: the file cannot be read (as :func:`_read_file` raises it).
+    """
+    out = decode_pool.take_bytes(getattr(_guess, "nbytes", 1))
+    status, data, pixels, height, width, factor = _native_load(
+        source, size[0] if size else 0, size[1] if size else 0, reducing_gap or 0.0, _pixel_limit(),
+        fastdct, fastupsample, out)
+    if status:
+        return source if data is None else data
+    h, w = -(-height // factor), -(-width // factor)
+    n = h * w * 3
+    if pixels is out:
+        arr = out[:n].reshape(h, w, 3)
+    else:
+        arr = np.frombuffer(pixels, dtype=np.uint8, count=n).reshape(h, w, 3)
+        if n <= _GUESS_CAP:
+            _guess.nbytes = n
+    if factor > 1:
+        # As _decode_simplejpeg: the image's edges map to the nearest scaled pixel (a last,
+        # partial row or column of a scaled decode is left out).
+        _, _, b, r = _scaled_box((0, 0, height, width), 1.0 / factor, 1.0 / factor)
+        arr = arr[:b, :r]
+        h, w = arr.shape[:2]
+    if size is not None and (h, w) != size:
+        return _deferred(arr, size)
+    return Frame(arr)
 
 
 def image_size(source: Source) -> tuple[int, int]:
