@@ -737,3 +737,63 @@ def test_rows_of_threads_in_processes_name_the_processes_that_ran(small_root) ->
         size=16, loaders=[pipelines.THREADS_IN_PROCESSES], progress=False, worker_processes=8,
     )
     assert rows[0]["note"] == "P=1"  # asked for 8; one worker runs in one process
+
+
+# ----------------------------------------------------------------------------- the workload zoo
+
+
+def test_zoo_runs_end_to_end_and_reports_every_cell(tmp_path, cache_dir) -> None:
+    require_torchvision()
+    from threadloader.bench import zoo, zoo_data
+
+    out = tmp_path / "out"
+    rows = bench.main(["--zoo", "--smoke", "--workers", "1,2", "--out", str(out), "--cache-dir", str(cache_dir),
+                       "--no-progress"])
+    names = {w.name for w in zoo_data.WORKLOADS}
+    assert {(r["workload"], r["workers"], r["loader"]) for r in rows} == {
+        (n, w, loader) for n in names for w in (1, 2) for loader in zoo.LOADERS}
+    for r in rows:
+        assert r["note"] == "" and r["rate"] > 0, r
+        assert r["ratio"] is not None, r
+    assert all(r["ratio"] == 1.0 for r in rows if r["loader"] == zoo.BASELINE)
+    assert {r["processes"] for r in rows if r["loader"] == zoo.PROCESSES} == {1, min(2, bench.cli.usable_cores())}
+    text = (out / "zoo.txt").read_text()
+    assert "per torch call" in text and "DataLoader on every cell" in text
+    for n in names:
+        assert n in text
+    with open(out / "zoo.csv") as f:
+        assert len(list(csv.DictReader(f))) == len(rows)
+    assert (out / "zoo.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_zoo_loaders_read_the_same_batches_as_dataloader(cache_dir) -> None:
+    """Every loader of a zoo cell yields DataLoader's batches for the same seed: the zoo compares like with like."""
+    require_torchvision()
+    from threadloader.bench import zoo, zoo_data
+
+    scale = zoo_data.SCALES["smoke"]
+    for w in zoo_data.WORKLOADS:
+        dataset, collate = zoo_data.build_workload(w, scale, cache_dir)
+        per_item = w.batch_size or 1
+        got = {}
+        for name in zoo.LOADERS:
+            torch.manual_seed(0)
+            loader = zoo._loader(name, dataset, collate, w.batch_size, 2, 2 * per_item, processes=2)
+            got[name] = list(loader)
+        for name in zoo.LOADERS[1:]:
+            assert len(got[name]) == len(got[zoo.BASELINE]) == 2
+            for a, b in zip(got[name], got[zoo.BASELINE]):
+                torch.testing.assert_close(a, b, msg=f"{w.name} {name}")
+
+
+def test_zoo_targets_name_the_worst_cell() -> None:
+    from threadloader.bench import zoo
+
+    rows = [zoo.ZooRow("a", 2, zoo.DEFAULT, 10.0, 0.97, None), zoo.ZooRow("b", 2, zoo.DEFAULT, 5.0, 0.5, None),
+            zoo.ZooRow("a", 2, zoo.PROCESSES, 10.0, 1.2, 2), zoo.ZooRow("b", 4, zoo.PROCESSES, None, None, 2, "failed")]
+    lines = zoo.target_lines(rows)
+    assert lines[0].startswith("default >= 0.95x") and "NOT met on 1 of 2" in lines[0] and "0.50x: b at 2" in lines[0]
+    assert "NOT met on 1 of 2" in lines[1] and "failed: b at 4" in lines[1]
+    assert "met (worst 0.97x" in zoo.target_lines(rows[:1])[0]
+    assert "failed" in zoo.format_zoo_table([zoo.ZooRow("a", 2, zoo.BASELINE, 3.0, 1.0, None),
+                                             *[zoo.ZooRow("a", 2, n, None, None, None, "failed: x") for n in zoo.LOADERS[1:]]])

@@ -209,6 +209,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     mode.add_argument("--quick", action="store_true", help="small run, about a minute on 2 cores")
     mode.add_argument("--smoke", action="store_true", help="tiny run for tests (seconds)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument("--zoo", action="store_true",
+                        help="the workload zoo instead: DataLoader against ThreadDataLoader's modes on common workloads "
+                             "(workers default 2,4; writes zoo.txt, zoo.csv, zoo.png)")
+    parser.add_argument("--rounds", type=positive_int, default=None,
+                        help="zoo only: interleaved rounds per cell, the median kept (default 3; 1 with --smoke)")
     return parser
 
 
@@ -580,6 +585,10 @@ def run_cli(args: argparse.Namespace) -> tuple[int, list[dict[str, Any]]]:
         ``(exit status, rows)``: 0, 1 on an expected error, 130 on Ctrl-C.
     """
     try:
+        if getattr(args, "zoo", False):
+            from threadloader.bench.zoo import run_zoo
+
+            return 0, [row._asdict() for row in run_zoo(args)]
         return 0, run(args)
     except BenchError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
