@@ -188,6 +188,12 @@ def bench_workers(cores: int | None = None) -> list[int]:
 # ----------------------------------------------------------------------------- parser
 
 
+def _zoo_workloads(text: str) -> list[str]:
+    from threadloader.bench.zoo import parse_workloads
+
+    return parse_workloads(text)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the bench flags to ``parser`` (shared by ``python -m threadloader bench``)."""
     parser.add_argument("--root", help="your own ImageFolder-style folder, root/<class>/<image> (default: generated data)")
@@ -212,6 +218,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--zoo", action="store_true",
                         help="the workload zoo instead: DataLoader against ThreadDataLoader's modes on common workloads "
                              "(workers default 2,4; writes zoo.txt, zoo.csv, zoo.png)")
+    parser.add_argument("--zoo-workloads", type=_zoo_workloads, default=None,
+                        help="zoo only: comma-separated subset of the workloads (default: all)")
     parser.add_argument("--rounds", type=positive_int, default=None,
                         help="zoo only: interleaved rounds per cell, the median kept (default 3; 1 with --smoke)")
     return parser

@@ -5,8 +5,8 @@ Loaders, side by side in one run on every workload of :mod:`.zoo_data`:
 * ``DataLoader``: torch's DataLoader, ``num_workers`` worker processes;
 * ``default``: ThreadDataLoader with default arguments;
 * ``threads``: ThreadDataLoader, ``worker_processes=0`` (threads of this process);
-* ``processes``: ThreadDataLoader, ``worker_processes=P`` (P = the usable
-  cores, at most the workers; ``--worker-processes`` sets it).
+* ``processes``: ThreadDataLoader, ``worker_processes=P`` (P = the workers,
+  one per process as in DataLoader; ``--worker-processes`` sets it).
 
 Every cell (workload, workers, loader) is timed once per round, rounds
 interleaved and the loaders' order rotated from round to round, so that
@@ -74,9 +74,13 @@ class ZooRow(NamedTuple):
     note: str = ""
 
 
-def zoo_processes(workers: int, requested: int | None = None, cores: int | None = None) -> int:
-    """P of the ``processes`` rows: ``requested``, else the usable cores; never more than ``workers``."""
-    return max(1, min(workers, requested or cores or usable_cores()))
+def zoo_processes(workers: int, requested: int | None = None) -> int:
+    """P of the ``processes`` rows: ``requested``, else ``workers``; never more than ``workers``.
+
+    One worker per process by default: DataLoader's own process count, so that
+    the rows compare the process layers on the same split of the work.
+    """
+    return max(1, min(workers, requested or workers))
 
 
 def _loader(
@@ -260,6 +264,25 @@ def write_zoo_plot(rows: Sequence[ZooRow], path: Path, title: str) -> Path:
 # ----------------------------------------------------------------------------- the run
 
 
+def parse_workloads(text: str) -> list[str]:
+    """argparse type: comma-separated zoo workload names.
+
+    Raises:
+        argparse.ArgumentTypeError: on an unknown or empty list.
+    """
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    known = [w.name for w in WORKLOADS]
+    unknown = [n for n in names if n not in known]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown workload(s) {', '.join(unknown) or repr(text)}; choose from {','.join(known)}")
+    return names
+
+
+def _selected(names: Sequence[str] | None) -> tuple[Workload, ...]:
+    return tuple(w for w in WORKLOADS if w.name in names) if names else WORKLOADS
+
+
 def run_zoo(args: argparse.Namespace) -> list[ZooRow]:
     """Run the zoo for the parsed bench flags; print the table and write ``zoo.txt``, ``zoo.csv`` and ``zoo.png``.
 
@@ -284,12 +307,13 @@ def run_zoo(args: argparse.Namespace) -> list[ZooRow]:
         raise BenchError(str(e)) from None
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
     progress = not args.no_progress
+    workloads = _selected(getattr(args, "zoo_workloads", None))
     if progress:
-        print(f"zoo: {len(WORKLOADS)} workloads, workers {','.join(map(str, workers))}, {rounds} rounds, "
+        print(f"zoo: {len(workloads)} workloads, workers {','.join(map(str, workers))}, {rounds} rounds, "
               f"{usable_cores()} cores", file=sys.stderr, flush=True)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="This DataLoader will create")
-        rows = measure_zoo(WORKLOADS, workers, scale, rounds=rounds, cache_dir=args.cache_dir,
+        rows = measure_zoo(workloads, workers, scale, rounds=rounds, cache_dir=args.cache_dir,
                            processes=args.worker_processes, progress=progress)
         cost: TorchCallCost = torch_call_cost(calls=2_000 if args.smoke else 20_000, rounds=3 if args.smoke else 7)
     load_after = os.getloadavg() if hasattr(os, "getloadavg") else None
