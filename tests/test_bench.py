@@ -808,3 +808,22 @@ def test_zoo_targets_name_the_worst_cell() -> None:
     assert "met (worst 0.97x" in zoo.target_lines(rows[:1])[0]
     assert "failed" in zoo.format_zoo_table([zoo.ZooRow("a", 2, zoo.BASELINE, 3.0, 1.0, None),
                                              *[zoo.ZooRow("a", 2, n, None, None, None, "failed: x") for n in zoo.LOADERS[1:]]])
+
+
+def test_torch_call_cost_sees_the_routing_mode(monkeypatch) -> None:
+    from threadloader import _rng
+    from threadloader.bench import torch_call
+
+    cost = torch_call.torch_call_cost(calls=200, rounds=1)
+    assert cost.plain_ns > 0 and cost.worker_ns > 0 and cost.bare_mode_ns > 0
+    assert "ns added by a worker thread" in cost.line()
+    seen = []
+    original = _rng._RouteRandomOps.__torch_function__
+
+    def spy(self, func, types, args=(), kwargs=None):
+        seen.append(func)
+        return original(self, func, types, args, kwargs)
+
+    monkeypatch.setattr(_rng._RouteRandomOps, "__torch_function__", spy)
+    torch_call.torch_call_cost(calls=10, rounds=1)
+    assert len(seen) >= 10  # the worker side of the timing runs under the worker's routing mode

@@ -5,9 +5,10 @@ from __future__ import annotations
 import statistics
 import threading
 import time
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 __all__ = ["TorchCallCost", "torch_call_cost"]
 
@@ -17,6 +18,8 @@ class TorchCallCost(NamedTuple):
 
     plain_ns: float
     worker_ns: float
+    #: The same under a torch function mode that only calls the function: what any Python mode costs.
+    bare_mode_ns: float
 
     @property
     def added_ns(self) -> float:
@@ -26,7 +29,17 @@ class TorchCallCost(NamedTuple):
     def line(self) -> str:
         """One line for the report."""
         return (f"per torch call (x.add(1)): plain thread {self.plain_ns:.0f} ns, worker thread "
-                f"{self.worker_ns:.0f} ns: {self.added_ns:+.0f} ns added by a worker thread")
+                f"{self.worker_ns:.0f} ns: {self.added_ns:+.0f} ns added by a worker thread "
+                f"(a torch function mode that does nothing adds {self.bare_mode_ns - self.plain_ns:+.0f} ns)")
+
+
+class _BareMode(TorchFunctionMode):
+    """Calls every function as it is: the cost of torch's Python mode dispatch alone."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if kwargs:
+            return func(*args, **kwargs)
+        return func(*args)
 
 
 def _time_calls(calls: int) -> float:
@@ -49,14 +62,16 @@ def torch_call_cost(calls: int = 20_000, rounds: int = 5) -> TorchCallCost:
     """
     from threadloader import worker
 
-    times: dict[bool, list[float]] = {False: [], True: []}
+    times: dict[str, list[float]] = {"plain": [], "worker": [], "bare": []}
 
     def body() -> None:
         for _ in range(rounds):
-            times[False].append(_time_calls(calls))
+            times["plain"].append(_time_calls(calls))
+            with _BareMode():
+                times["bare"].append(_time_calls(calls))
             worker.enter_worker(0, 1, 0, None)
             try:
-                times[True].append(_time_calls(calls))
+                times["worker"].append(_time_calls(calls))
             finally:
                 worker.leave_worker()
 
@@ -64,4 +79,4 @@ def torch_call_cost(calls: int = 20_000, rounds: int = 5) -> TorchCallCost:
     t = threading.Thread(target=body, name="threadloader-bench-torch-call")
     t.start()
     t.join()
-    return TorchCallCost(statistics.median(times[False]), statistics.median(times[True]))
+    return TorchCallCost(*(statistics.median(times[k]) for k in ("plain", "worker", "bare")))
