@@ -787,3 +787,93 @@ def test_proxy_runs_both_frame_paths_and_restores_the_choice(monkeypatch, tmp_pa
         assert ("1", True, proxy.THREADS, 2) in seen
     assert "THREADLOADER_NATIVE" not in os.environ and (image._native_load is None) == (before is None)
     assert "not counted: test" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------- the workload zoo
+
+
+def test_zoo_runs_end_to_end_and_reports_every_cell(tmp_path, cache_dir) -> None:
+    require_torchvision()
+    from threadloader.bench import zoo, zoo_data
+
+    out = tmp_path / "out"
+    rows = bench.main(["--zoo", "--smoke", "--workers", "1,2", "--out", str(out), "--cache-dir", str(cache_dir),
+                       "--no-progress"])
+    names = {w.name for w in zoo_data.WORKLOADS}
+    assert {(r["workload"], r["workers"], r["loader"]) for r in rows} == {
+        (n, w, loader) for n in names for w in (1, 2) for loader in zoo.LOADERS}
+    for r in rows:
+        assert r["note"] == "" and r["rate"] > 0, r
+        assert r["ratio"] is not None, r
+    assert all(r["ratio"] == 1.0 for r in rows if r["loader"] == zoo.BASELINE)
+    # One worker per process, as DataLoader splits the work.
+    assert {(r["workers"], r["processes"]) for r in rows if r["loader"] == zoo.PROCESSES} == {(1, 1), (2, 2)}
+    text = (out / "zoo.txt").read_text()
+    assert "per torch call" in text and "DataLoader on every cell" in text
+    for n in names:
+        assert n in text
+    with open(out / "zoo.csv") as f:
+        assert len(list(csv.DictReader(f))) == len(rows)
+    assert (out / "zoo.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_zoo_loaders_read_the_same_batches_as_dataloader(cache_dir) -> None:
+    """Every loader of a zoo cell yields DataLoader's batches for the same seed: the zoo compares like with like."""
+    require_torchvision()
+    from threadloader.bench import zoo, zoo_data
+
+    scale = zoo_data.SCALES["smoke"]
+    for w in zoo_data.WORKLOADS:
+        dataset, collate = zoo_data.build_workload(w, scale, cache_dir)
+        per_item = w.batch_size or 1
+        got = {}
+        for name in zoo.LOADERS:
+            torch.manual_seed(0)
+            loader = zoo._loader(name, dataset, collate, w.batch_size, 2, 2 * per_item, processes=2)
+            got[name] = list(loader)
+        for name in zoo.LOADERS[1:]:
+            assert len(got[name]) == len(got[zoo.BASELINE]) == 2
+            for a, b in zip(got[name], got[zoo.BASELINE]):
+                torch.testing.assert_close(a, b, msg=f"{w.name} {name}")
+
+
+def test_zoo_workloads_flag_selects_and_refuses_unknown_names(tmp_path, cache_dir, capsys) -> None:
+    require_torchvision()
+    rows = bench.main(["--zoo", "--smoke", "--workers", "1", "--zoo-workloads", "trivial,npy", "--out", str(tmp_path),
+                       "--cache-dir", str(cache_dir), "--no-progress"])
+    assert {r["workload"] for r in rows} == {"trivial", "npy"}
+    with pytest.raises(SystemExit):
+        bench.main(["--zoo", "--zoo-workloads", "nope"])
+    assert "unknown workload(s) nope" in capsys.readouterr().err
+
+
+def test_zoo_targets_name_the_worst_cell() -> None:
+    from threadloader.bench import zoo
+
+    rows = [zoo.ZooRow("a", 2, zoo.DEFAULT, 10.0, 0.97, None), zoo.ZooRow("b", 2, zoo.DEFAULT, 5.0, 0.5, None),
+            zoo.ZooRow("a", 2, zoo.PROCESSES, 10.0, 1.2, 2), zoo.ZooRow("b", 4, zoo.PROCESSES, None, None, 2, "failed")]
+    lines = zoo.target_lines(rows)
+    assert lines[0].startswith("default >= 0.95x") and "NOT met on 1 of 2" in lines[0] and "0.50x: b at 2" in lines[0]
+    assert "NOT met on 1 of 2" in lines[1] and "failed: b at 4" in lines[1]
+    assert "met (worst 0.97x" in zoo.target_lines(rows[:1])[0]
+    assert "failed" in zoo.format_zoo_table([zoo.ZooRow("a", 2, zoo.BASELINE, 3.0, 1.0, None),
+                                             *[zoo.ZooRow("a", 2, n, None, None, None, "failed: x") for n in zoo.LOADERS[1:]]])
+
+
+def test_torch_call_cost_sees_the_routing_mode(monkeypatch) -> None:
+    from threadloader import _rng
+    from threadloader.bench import torch_call
+
+    cost = torch_call.torch_call_cost(calls=200, rounds=1)
+    assert cost.plain_ns > 0 and cost.worker_ns > 0 and cost.bare_mode_ns > 0
+    assert "ns added by a worker thread" in cost.line()
+    seen = []
+    original = _rng._RouteRandomOps.__torch_function__
+
+    def spy(self, func, types, args=(), kwargs=None):
+        seen.append(func)
+        return original(self, func, types, args, kwargs)
+
+    monkeypatch.setattr(_rng._RouteRandomOps, "__torch_function__", spy)
+    torch_call.torch_call_cost(calls=10, rounds=1)
+    assert len(seen) >= 10  # the worker side of the timing runs under the worker's routing mode

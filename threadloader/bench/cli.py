@@ -189,6 +189,12 @@ def bench_workers(cores: int | None = None) -> list[int]:
 # ----------------------------------------------------------------------------- parser
 
 
+def _zoo_workloads(text: str) -> list[str]:
+    from threadloader.bench.zoo import parse_workloads
+
+    return parse_workloads(text)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the bench flags to ``parser`` (shared by ``python -m threadloader bench``)."""
     parser.add_argument("--root", help="your own ImageFolder-style folder, root/<class>/<image> (default: generated data)")
@@ -213,6 +219,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                       help="many cores' GIL load on a few: 1/8-cost images, threads vs processes vs the kernel "
                            "alone, with GIL hand-offs per image (threadloader/bench/proxy.py)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument("--zoo", action="store_true",
+                        help="the workload zoo instead: DataLoader against ThreadDataLoader's modes on common workloads "
+                             "(workers default 2,4; writes zoo.txt, zoo.csv, zoo.png)")
+    parser.add_argument("--zoo-workloads", type=_zoo_workloads, default=None,
+                        help="zoo only: comma-separated subset of the workloads (default: all)")
+    parser.add_argument("--rounds", type=positive_int, default=None,
+                        help="zoo only: interleaved rounds per cell, the median kept (default 3; 1 with --smoke)")
     return parser
 
 
@@ -597,6 +610,10 @@ def run_cli(args: argparse.Namespace) -> tuple[int, list[dict[str, Any]]]:
             from threadloader.bench.proxy import run_proxy
 
             return 0, run_proxy(args)
+        if getattr(args, "zoo", False):
+            from threadloader.bench.zoo import run_zoo
+
+            return 0, [row._asdict() for row in run_zoo(args)]
         return 0, run(args)
     except BenchError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
