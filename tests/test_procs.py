@@ -1063,10 +1063,10 @@ def test_pools_started_at_once_from_two_threads_keep_their_result_pipes_apart():
     # open for writing in the parent kept it: that other child's receiver then
     # waited for ever on a message cut short by its child's death (no end of
     # file), and the consumer hung. Seen in 8 of 30 concurrent starts.
-    from threadloader._engine.worker_loop import _Config
+    from threadloader._engine.protocol import WorkerConfig
     from threadloader._procs import ProcessPool
 
-    cfg = _Config(dataset=list(range(4)), kind=0, auto_collation=False, collate_fn=lambda x: x, drop_last=False,
+    cfg = WorkerConfig(dataset=list(range(4)), kind=0, auto_collation=False, collate_fn=lambda x: x, drop_last=False,
                   base_seed=0, init_fn=None, num_workers=1, pin=False, pin_device=None, device_index=None)
     for _ in range(12):
         pools: dict[str, ProcessPool] = {}

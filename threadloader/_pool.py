@@ -38,6 +38,8 @@ from typing import Callable
 import numpy as np
 import torch
 
+from ._engine import hooks
+
 __all__ = ["BufferPool", "decode_pool", "host_pool", "nbytes_of"]
 
 
@@ -242,3 +244,29 @@ decode_pool = BufferPool(slack=32, granule=64 << 10)
 if hasattr(os, "register_at_fork"):
     for _pool in (host_pool, decode_pool):
         os.register_at_fork(after_in_child=_pool._after_fork)
+
+
+@hooks.on_iterator
+def _reserve_in_flight(in_flight: int, pinned: bool) -> hooks.Release:
+    """Keep a running loader's in-flight working set in the pools; returns the release.
+
+    frame_collate's batch buffers live until the training loop drops them
+    (the in-flight depth, plus the batch it holds; pinned batches are not
+    pooled); unbatched frames until it reads them. Freed and faulted in
+    again, they would cost page faults, which serialise many threads.
+    """
+    releases = [decode_pool.reserve(in_flight)]
+    if not pinned:
+        releases.append(host_pool.reserve(in_flight + 1))
+
+    def release() -> None:
+        for r in releases:
+            r()
+
+    return release
+
+
+@hooks.on_worker
+def _reserve_task_frames(items_per_task: int) -> hooks.Release:
+    """Room in the decode pool for one task's frames (they all live until collate), while a worker thread runs."""
+    return decode_pool.reserve(items_per_task)

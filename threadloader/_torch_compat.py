@@ -14,28 +14,26 @@ Two behaviours of torch have to be adjusted for worker *threads*:
   earlier, ``torch.random.thread_safe_generator``'s lazy import -- sees the
   thread-local value. Outside our threads it returns exactly what it did before.
 * ``default_collate`` stacks tensors into *shared memory* whenever worker info
-  is set, to save a copy when sending a batch to the parent process. Threads
-  share memory already, so that allocation is pure cost. The tensor entry of
-  ``default_collate_fn_map`` is wrapped to hide our worker info for the duration
-  of the stack; process workers are unaffected, and so are the threads of a
-  threadloader worker process (``worker_processes``), whose batches do travel
-  to the parent.
+  is set. :func:`replace_collate_tensor` swaps its tensor entry for the one
+  :mod:`threadloader._collate` writes (where batches go is decided there), and
+  :func:`worker_info_hidden` lets that entry run torch's own with the worker
+  info hidden.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import math
 import threading
 import types
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 from torch._utils import ExceptionWrapper
 
-from . import _context
 from ._fork import renew_after_fork
-from ._pool import nbytes_of
 from torch.utils.data import dataloader as _dl
 from torch.utils.data._utils import collate as _collate
 from torch.utils.data._utils import pin_memory as _pin
@@ -54,6 +52,8 @@ __all__ = [
     "numpy_seed_state",
     "create_fetcher",
     "pin_memory",
+    "base_seed_of",
+    "shutdown_workers",
     "install",
     "set_thread_worker_info",
     "get_thread_worker_info",
@@ -269,6 +269,16 @@ def warn_as_worker_start(message: str) -> None:
     _worker_start_caller(warnings.warn, message, UserWarning, 1)
 
 
+def base_seed_of(it: Any) -> int:
+    """The base seed a DataLoader iterator drew for its epoch's workers (``_base_seed``)."""
+    return it._base_seed
+
+
+def shutdown_workers(it: Any) -> None:
+    """Shut a DataLoader iterator's workers down now, as its own finalizer does (``_shutdown_workers``)."""
+    it._shutdown_workers()
+
+
 def pin_memory(data: Any, device: str | None) -> Any:
     """Pin every tensor in ``data`` as DataLoader's pin-memory thread does."""
     return _pin.pin_memory(data, device)
@@ -299,7 +309,7 @@ resize_op: Callable[..., Any] = getattr(torch._C._nn, "_upsample_bilinear2d_aa",
 
 def new_shared(shape: tuple[int, ...], dtype: torch.dtype = torch.uint8) -> torch.Tensor:
     """An uninitialised contiguous tensor in shared memory (what default_collate uses in worker processes)."""
-    storage = torch.UntypedStorage._new_shared(nbytes_of(shape, dtype))
+    storage = torch.UntypedStorage._new_shared(math.prod(shape) * dtype.itemsize)
     return torch.empty(0, dtype=torch.uint8).set_(storage).view(dtype).view(shape)
 
 
@@ -320,59 +330,35 @@ def _thread_aware_get_worker_info():  # pragma: no cover - body runs as torch's
     return _worker_info  # noqa: F821
 
 
-def _collate_tensor_without_shm(batch, *, collate_fn_map=None):
-    # default_collate asks get_worker_info() whether to allocate the batch in
-    # shared memory. In our threads the answer must be "no": the batch stays
-    # in this process. In a worker_processes child the batch goes to the
-    # parent: shared memory saves a copy, and the child's arena of reused
-    # blocks (threadloader._procs.arena) saves a fresh segment per batch.
-    if getattr(_tls, "info", None) is None:
-        return _original_collate_tensor(batch, collate_fn_map=collate_fn_map)
-    elem = batch[0]
-    arena = _context.child_arena()
-    if arena is not None and (type(elem) is not torch.Tensor or elem.device.type != "cpu" or elem.is_nested
-                              or elem.layout is not torch.strided or elem.is_conj() or elem.is_neg()
-                              or elem.is_quantized):
-        return _original_collate_tensor(batch, collate_fn_map=collate_fn_map)  # shared memory, as DataLoader's
-    if elem.is_nested or elem.layout is not torch.strided:
-        # torch's own checks and errors, with the worker info hidden for this
-        # call only (thread-local: other threads are unaffected).
-        previous = getattr(_tls, "hide", False)
-        _tls.hide = True
-        try:
-            return _original_collate_tensor(batch, collate_fn_map=collate_fn_map)
-        finally:
-            _tls.hide = previous
-    # Made and stacked into as a worker process makes its shared-memory batch
-    # (``out=``), step for step: the same result dtype, and the same errors
-    # (a sample without numel(), a conjugate view, a float sample in a Long
-    # batch, samples that require grad) as with DataLoader's workers; only
-    # the memory differs (this process's, not shared).
-    numel = sum(x.numel() for x in batch)
-    if numel < len(batch) * elem.numel():
-        # A worker process's batch storage holds ``numel`` items and cannot
-        # grow: its resize to the first sample's shape fails, with these words.
-        raise RuntimeError("Trying to resize storage that is not resizable")
-    if elem.is_conj() or elem.is_neg() or elem.is_quantized:
-        # Views and types whose batch torch's own steps refuse: take them.
-        storage = torch.TypedStorage(numel, dtype=elem.dtype, device=elem.device, _internal=True)
-        out = elem.new(storage).resize_(len(batch), *list(elem.size()))
-    elif arena is not None:
-        out = arena.take((len(batch), *elem.shape), elem.dtype)
-    else:  # the same tensor, made 10 us faster than through a TypedStorage
-        # Not for a wrapper subclass (torch's TwoTensor): a worker process's
-        # ``elem.new(storage)`` there makes a plain tensor of the wrong values
-        # (a torch bug); this makes the subclass batch, as num_workers=0 does,
-        # and a subclass refusing both names ``new_empty`` in its error.
-        out = elem.new_empty((len(batch), *elem.shape))
-    return torch.stack(batch, 0, out=out)
+def typed_storage(numel: int, dtype: torch.dtype, device: torch.device) -> Any:
+    """A ``TypedStorage`` of ``numel`` items, made as default_collate's worker-process path makes one."""
+    return torch.TypedStorage(numel, dtype=dtype, device=device, _internal=True)
 
 
-_original_collate_tensor = _collate.collate_tensor_fn
+#: default_collate's own tensor entry (what a worker process stacks with).
+original_collate_tensor: Callable[..., Any] = _collate.collate_tensor_fn
+
+
+@contextlib.contextmanager
+def worker_info_hidden() -> Iterator[None]:
+    """Within it, the calling thread's ``get_worker_info()`` answers None (this thread only)."""
+    previous = getattr(_tls, "hide", False)
+    _tls.hide = True
+    try:
+        yield
+    finally:
+        _tls.hide = previous
+
+
+def replace_collate_tensor(collate_tensor: Callable[..., Any]) -> None:
+    """Make ``collate_tensor`` default_collate's entry for tensors, in place of torch's own (idempotent)."""
+    with _install_lock:
+        if _collate.default_collate_fn_map.get(torch.Tensor) is original_collate_tensor:
+            _collate.default_collate_fn_map[torch.Tensor] = collate_tensor
 
 
 def install() -> None:
-    """Make torch's worker-info lookup and default collate thread-aware (idempotent)."""
+    """Make torch's worker-info lookup thread-aware (idempotent)."""
     global _installed
     with _install_lock:
         if _installed:
@@ -386,9 +372,6 @@ def install() -> None:
                 )
             _worker._threadloader_tls = _tls
             target.__code__ = _thread_aware_get_worker_info.__code__
-        tensor_type = torch.Tensor
-        if _collate.default_collate_fn_map.get(tensor_type) is _original_collate_tensor:
-            _collate.default_collate_fn_map[tensor_type] = _collate_tensor_without_shm
         _installed = True
 
 

@@ -9,10 +9,12 @@ from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from . import _pool  # noqa: F401 - registers the batch buffers' reservations (engine hooks)
 from . import _procs, _torch_compat
 from . import state as _state
 from . import worker as _worker  # noqa: F401 - installs thread-aware worker info
-from ._engine import ResumableSingleIter, ThreadedLoaderIter
+from ._engine import ResumableSingleIter, ThreadedLoaderIter, thread_pool
+from ._engine.protocol import PoolFactory
 from .stats import LoaderStats
 
 __all__ = ["ThreadDataLoader"]
@@ -146,13 +148,19 @@ class ThreadDataLoader(DataLoader[_T_co]):
             # is attributed to the same place (torch.utils.data.dataloader).
             _torch_compat.check_worker_number_rationality(self)
             _procs.check_worker_processes(self.worker_processes, self.num_workers)  # it is a plain attribute
-            it = ThreadedLoaderIter(self, plan)
+            it = ThreadedLoaderIter(self, plan, self._pool_factory())
             if self._last_stats is not None and self._last_stats.gil_warned:
                 it.stats.gil_warned = True  # the GIL warning is given once per loader, not per epoch
             self._last_stats = it.stats
         self._progress_box = it.progress_box = _state.ProgressBox()
         self._live_iterator = weakref.ref(it)
         return it
+
+    def _pool_factory(self) -> PoolFactory:
+        """How the next iterator runs its workers: threads of this process, or ``worker_processes`` children."""
+        if self.worker_processes:
+            return _procs.process_pool(self.worker_processes, self.multiprocessing_context, self.prefetch_factor)
+        return thread_pool
 
     def stats(self) -> LoaderStats | None:
         """Statistics of the most recent threaded iterator (None before one).
@@ -208,7 +216,7 @@ class ThreadDataLoader(DataLoader[_T_co]):
                 progress = it.progress()
                 persistent_base_seed = dataset_state = None
                 if progress is None and self.persistent_workers and self.num_workers > 0:
-                    persistent_base_seed = int(it._base_seed)
+                    persistent_base_seed = int(_torch_compat.base_seed_of(it))
                     dataset_state = it.dataset_start_state()  # its workers' copies go on
                 return _state.make_state(self, progress, persistent_base_seed, dataset_state)
             finally:
@@ -235,7 +243,7 @@ class ThreadDataLoader(DataLoader[_T_co]):
         """
         plan = _state.plan_from_state(self, state_dict)
         if self._iterator is not None:  # a persistent iterator of an older position
-            self._iterator._shutdown_workers()
+            _torch_compat.shutdown_workers(self._iterator)
             self._iterator = None
         self._progress_box = None
         self._live_iterator = None  # an older iterator's position is no longer the loader's

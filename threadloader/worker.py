@@ -20,9 +20,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import _rng, _torch_compat
+from . import _collate, _rng, _torch_compat
 
 _torch_compat.install()
+_collate.install()
 _rng.install()
 
 #: ``torch.utils.data.get_worker_info`` itself (made thread-aware): the info of

@@ -3,6 +3,8 @@
 * :mod:`.iterator` -- the consumer side: :class:`ThreadedLoaderIter` assigns
   the sampler's tasks to workers in DataLoader's order and releases results in
   sampler order;
+* :mod:`.protocol` -- what the iterator and a pool exchange: :class:`~.protocol.Pool`,
+  jobs, result messages and their kinds, the workers' configuration;
 * :mod:`.pool` -- :class:`ThreadPool`, the worker threads of this process
   (the process layer, :mod:`threadloader._procs`, runs one in each child);
 * :mod:`.worker_loop` -- what one worker thread runs: set-up as a DataLoader
@@ -16,7 +18,7 @@
 """
 
 from .iterator import ThreadedLoaderIter
-from .pool import JOIN_BUDGET_S, ThreadPool
+from .pool import JOIN_BUDGET_S, ThreadPool, thread_pool
 from .single import ResumableSingleIter
 
-__all__ = ["JOIN_BUDGET_S", "ResumableSingleIter", "ThreadPool", "ThreadedLoaderIter"]
+__all__ = ["JOIN_BUDGET_S", "ResumableSingleIter", "ThreadPool", "ThreadedLoaderIter", "thread_pool"]

@@ -12,13 +12,14 @@ i mod num_workers while all are active) is what makes per-worker randomness
 reproducible: each worker draws from its own generators in the same order as
 the worker process with the same id would.
 
-The consumer talks to its workers through a *pool*: ``submit(worker_id,
-job)``, a ``results`` queue it reads, ``generation`` / ``new_epoch()``,
-``counters`` and ``stop()``: :class:`threadloader._engine.pool.ThreadPool`
-(threads of this process) or :class:`threadloader._procs.ProcessPool` (the same
-threads spread over child processes, ``worker_processes``). Neither the
-threads nor the pool reference the iterator object, so dropping the iterator
-(``del``, garbage collection) runs its finalizer, which stops the pool.
+The consumer talks to its workers through a *pool* (:class:`.protocol.Pool`):
+it submits :class:`.protocol.Job` s and reads :class:`.protocol.Message` s.
+The loader hands the iterator a factory of one:
+:func:`threadloader._engine.pool.thread_pool` (threads of this process, the
+default) or the process layer's (the same threads spread over child processes,
+``worker_processes``), which the engine never imports. Neither the threads nor
+the pool reference the iterator object, so dropping the iterator (``del``,
+garbage collection) runs its finalizer, which stops the pool.
 """
 
 from __future__ import annotations
@@ -34,19 +35,20 @@ import torch
 from torch.autograd.profiler import record_function
 
 from .._datapipes import graph_lock, is_datapipe, peek_shared_seed, sharding_init_fn
-from .._pool import decode_pool, host_pool
 from .._torch_compat import (BaseDataLoaderIter, DatasetKind, ExceptionWrapper, init_base_iterator, profiler_enabled,
                              warn_iterable_length)
 from ..state import EpochStart, RecordsProgressOnDrop, ResumePlan, dataset_state_of, progress_record
 from ..stats import LoaderStats
-from .pool import ThreadPool
-from .worker_loop import _CRASHED, _DATA, _DIED, _STOPPED, _SYNCED, SYNC_TASK, ProcessDeath, ShortBatch, _Config, samples_in
+from . import hooks
+from .pool import thread_pool
+from .protocol import SYNC_TASK, Job, Kind, Message, Pool, PoolFactory, ProcessDeath, ShortBatch, WorkerConfig
+from .worker_loop import samples_in
 
 __all__ = ["ThreadedLoaderIter"]
 
 
-def _stop_pool(pool: Any, release_buffers: Any, stats: LoaderStats) -> None:
-    """Stop the iterator's pool, then end its reservation of pooled batch buffers.
+def _stop_pool(pool: Pool, release_hooks: Callable[[], None] | None, stats: LoaderStats) -> None:
+    """Stop the iterator's pool, then end what its iterator hooks started.
 
     The epoch's clock stops too: an iterator dropped after ``break`` ends there.
     """
@@ -54,13 +56,13 @@ def _stop_pool(pool: Any, release_buffers: Any, stats: LoaderStats) -> None:
     try:
         pool.stop()
     finally:
-        if release_buffers is not None:
-            release_buffers()
+        if release_hooks is not None:
+            release_hooks()
 
 
 # --- consumer side ---------------------------------------------------------------
 
-def _get_or_none(results: Any, timeout: float) -> Any:
+def _get_or_none(results: Any, timeout: float) -> Message | None:
     """The next message within ``timeout`` seconds, or None."""
     try:
         return results.get(timeout=timeout)
@@ -71,9 +73,16 @@ _MISSING = object()
 
 
 class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
-    """DataLoader's iterator protocol, served by worker threads."""
+    """DataLoader's iterator protocol, served by worker threads.
 
-    def __init__(self, loader: Any, plan: ResumePlan | None = None) -> None:
+    Args:
+        loader: the ThreadDataLoader iterated.
+        plan: where a resumed epoch starts (None: a fresh one).
+        pool_factory: makes the pool the workers run in (default: threads of this process).
+    """
+
+    def __init__(self, loader: Any, plan: ResumePlan | None = None,
+                 pool_factory: PoolFactory = thread_pool) -> None:
         with graph_lock(loader.dataset):  # it seeds a DataPipe's graph: not while a worker walks one
             init_base_iterator(self, loader)
         #: The process whose threads (or worker processes) serve this iterator.
@@ -107,7 +116,7 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
         device_index = None
         if self._pin_memory and torch.accelerator.is_available():
             device_index = torch.accelerator.current_device_index()
-        cfg = _Config(
+        cfg = WorkerConfig(
             dataset=self._dataset,
             kind=self._dataset_kind,
             auto_collation=self._auto_collation,
@@ -126,41 +135,23 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
         )
         self._failure: str | None = None
         self._shutdown = False  # DataLoader's iterator attribute: True once its workers are shut down
-        processes = getattr(loader, "worker_processes", 0)
-        if processes:
-            from .._procs import ProcessPool  # the process layer builds on the engine's pool
-
-            self._pool: Any = ProcessPool(cfg, processes, loader.multiprocessing_context, self._prefetch_factor)
-        else:
-            self._pool = ThreadPool(cfg, list(range(self._num_workers)))
+        self._pool: Pool = pool_factory(cfg)
+        release = None
+        if self._pool.in_process:
+            # What the layers above keep while this iterator's workers run here
+            # (the image path's batch buffers: threadloader._engine.hooks).
+            try:
+                release = hooks.start_iterator(self._prefetch_factor * self._num_workers, self._pin_memory)
+            except BaseException:
+                self._pool.stop()
+                raise
         # Runs on del / garbage collection of this iterator, on explicit
         # shutdown, and at interpreter exit (weakref.finalize's atexit hook).
-        self._finalizer = weakref.finalize(
-            self, _stop_pool, self._pool, None if processes else self._reserve_buffers(), self._stats)
+        self._finalizer = weakref.finalize(self, _stop_pool, self._pool, release, self._stats)
         self._stats.bind(self._pool.counters, self._num_workers)
         self._reset(loader, first_iter=True)
         if plan is not None:
             self._num_yielded = plan.num_yielded
-
-    def _reserve_buffers(self) -> Callable[[], None]:
-        """Keep this iterator's in-flight working set in the buffer pools while it runs; returns the release.
-
-        frame_collate's batch buffers live until the training loop drops them
-        (the in-flight depth, plus the batch it holds; pinned batches are not
-        pooled); unbatched frames until it reads them. (Each worker thread
-        keeps room for its own task's frames.) Freed and faulted in again,
-        they would cost page faults, which serialise many threads.
-        """
-        depth = self._prefetch_factor * self._num_workers
-        releases = [decode_pool.reserve(depth)]
-        if not self._pin_memory:
-            releases.append(host_pool.reserve(depth + 1))
-
-        def release() -> None:
-            for r in releases:
-                r()
-
-        return release
 
     def __next__(self) -> Any:
         # DataLoader wraps every step in a profiler record_function, even when
@@ -217,7 +208,7 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
         self._workers_status = [True] * self._num_workers
         self._workers_num_tasks = [0] * self._num_workers
         self._worker_queue_idx_cycle = itertools.cycle(range(self._num_workers))
-        self._stash: dict[int, tuple[int, Any]] = {}  # results received ahead of their turn
+        self._stash: dict[int, Message] = {}  # results received ahead of their turn
         # IterableDataset: results received per worker this epoch, and how many
         # of each worker's first ones a resumed epoch drops.
         self._worker_received = [0] * self._num_workers
@@ -266,7 +257,7 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
             # and that task's error comes in its turn, as in DataLoader.
             index = list(index)
         pool = self._pool
-        pool.submit(worker_id, (idx, pool.generation, index))
+        pool.submit(worker_id, Job(idx, pool.generation, index))
         self._workers_num_tasks[worker_id] += 1
         self._task_info[idx] = worker_id
         self._task_items[idx] = samples_in(index) if self._auto_collation else 1
@@ -301,11 +292,12 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
                 if not self._persistent_workers:
                     self._shutdown_workers()
                 raise StopIteration
-            kind, idx, worker_id, payload = self._wait_for_result()
-            if kind == _DIED:
+            message = self._wait_for_result()
+            kind, idx, worker_id, payload = message.kind, message.task, message.worker_id, message.payload
+            if kind == Kind.DIED:
                 continue  # the loop above skips its tasks and raises its error
             self._tasks_outstanding -= 1
-            if kind == _STOPPED:
+            if kind == Kind.STOPPED:
                 self._workers_status[worker_id] = False
                 self._try_put_index()
                 continue
@@ -349,15 +341,15 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
         pool = self._pool
         waiting = set(range(self._num_workers)) - set(self._dead_workers)
         for worker_id in sorted(waiting):
-            pool.submit(worker_id, (SYNC_TASK, pool.generation, None))
+            pool.submit(worker_id, Job(SYNC_TASK, pool.generation, None))
         while waiting:  # ``timeout`` bounds each wait, as DataLoader's
-            kind, _, _, worker_id, payload = self._get_message(self._deadline())
-            if kind == _SYNCED:
-                waiting.discard(worker_id)
-            elif kind == _DIED:
-                waiting.difference_update(self._record_death(worker_id, payload)[1])
-            elif kind == _CRASHED:
-                self._crashed(payload)
+            message = self._get_message(self._deadline())
+            if message.kind == Kind.SYNCED:
+                waiting.discard(message.worker_id)
+            elif message.kind == Kind.DIED:
+                waiting.difference_update(self._record_death(message.worker_id, message.payload)[1])
+            elif message.kind == Kind.CRASHED:
+                self._crashed(message.payload)
 
     def _deadline(self) -> float | None:
         return None if self._timeout <= 0 else time.monotonic() + self._timeout
@@ -370,12 +362,12 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
         their state is the epoch's (worker 0's copy; the workers are idle when
         an epoch starts). Worker processes keep their copies out of reach.
         """
-        replicas = getattr(self._pool, "replicas", None)
+        replicas = self._pool.replicas
         if not (self._persistent_workers and replicas):
             return None
         return dataset_state_of(replicas[min(replicas)])
 
-    def _get_message(self, deadline: float | None) -> tuple[int, int, int, int, Any]:
+    def _get_message(self, deadline: float | None) -> Message:
         """The next message from the workers, waiting until ``deadline`` (None: for ever).
 
         Raises:
@@ -392,7 +384,7 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
         return message
 
     def _record_death(self, worker_id: int, payload: Any) -> tuple[RuntimeError, tuple[int, ...]]:
-        """Record the workers a ``_DIED`` message names as gone for good.
+        """Record the workers a ``Kind.DIED`` message names as gone for good.
 
         Args:
             payload: the BaseException that ended thread ``worker_id``, or the
@@ -439,39 +431,39 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
     def _has_result(self, idx: int) -> bool:
         return idx in self._stash
 
-    def _wait_for_result(self) -> tuple[int, int, int, Any]:
-        """The next result to act on: (kind, task, worker, payload)."""
+    def _wait_for_result(self) -> Message:
+        """The next result to act on."""
         if self._in_order:
             if self._rcvd_idx in self._stash:
-                return (_DATA, self._rcvd_idx, *self._stash.pop(self._rcvd_idx))
+                return self._stash.pop(self._rcvd_idx)
         elif self._stash:
-            idx = next(iter(self._stash))  # arrival order
-            return (_DATA, idx, *self._stash.pop(idx))
+            return self._stash.pop(next(iter(self._stash)))  # arrival order
         pool = self._pool
         t0 = time.perf_counter()
         try:
             while True:
                 # ``timeout`` bounds each wait, as DataLoader's: a message kept
                 # for later (ahead of its turn) or dropped starts a new one.
-                kind, gen, idx, worker_id, payload = self._get_message(self._deadline())
-                if kind == _CRASHED:
-                    self._crashed(payload)
-                if kind == _DIED:
+                message = self._get_message(self._deadline())
+                kind = message.kind
+                if kind == Kind.CRASHED:
+                    self._crashed(message.payload)
+                if kind == Kind.DIED:
                     # A BaseException (SystemExit, KeyboardInterrupt...) ended the
                     # thread, or its worker process died. As DataLoader does with a
                     # dead worker process: the worker is unavailable from now on,
                     # its tasks are skipped, and the error is raised where its next
                     # task was due.
-                    error, dead = self._record_death(worker_id, payload)
+                    error, dead = self._record_death(message.worker_id, message.payload)
                     for w in dead:
                         self._workers_status[w] = False
                         self._deaths[w] = error
-                    return kind, idx, worker_id, payload
-                if gen != pool.generation or kind == _SYNCED:
+                    return message
+                if message.generation != pool.generation or kind == Kind.SYNCED:
                     continue  # from an epoch that was abandoned, or an unread answer of an aborted sync
-                if kind == _STOPPED or not self._in_order or idx == self._rcvd_idx:
-                    return kind, idx, worker_id, payload
-                self._stash[idx] = (worker_id, payload)
+                if kind == Kind.STOPPED or not self._in_order or message.task == self._rcvd_idx:
+                    return message
+                self._stash[message.task] = message
         finally:
             self._stats.waited(time.perf_counter() - t0)
 

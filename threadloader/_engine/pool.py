@@ -20,9 +20,10 @@ from .._replica import retire, worker_parts
 from ..stats import WorkerCounters
 from . import inherit
 from .thread_view import WorkerThreadView
-from .worker_loop import STOPPED_MESSAGE, _Config, _drain, _Shared, _worker_main
+from .protocol import STOPPED_MESSAGE, Job, WorkerConfig
+from .worker_loop import _drain, _Shared, _worker_main
 
-__all__ = ["JOIN_BUDGET_S", "ThreadPool"]
+__all__ = ["JOIN_BUDGET_S", "ThreadPool", "thread_pool"]
 
 #: How long shutdown waits, in total, for threads to finish the user call they
 #: are in. A thread stuck in user code is left to finish on its own (it is a
@@ -43,7 +44,7 @@ def _stop_threads(shared: _Shared, threads: list[threading.Thread]) -> None:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
-def _run_worker(caller: Any, shared: _Shared, cfg: _Config, worker_id: int, parts_of: dict[int, Any],
+def _run_worker(caller: Any, shared: _Shared, cfg: WorkerConfig, worker_id: int, parts_of: dict[int, Any],
                 finished: set[int]) -> None:
     """Body of a worker thread: the worker loop on its copies, which it retires itself if it outlives stop()."""
     try:
@@ -74,13 +75,16 @@ class ThreadPool:
     Args:
         cfg: what every worker needs.
         worker_ids: the global ids of the workers to run here.
-        results: where workers post ``(kind, generation, task, worker_id,
-            payload)``; a fresh ``SimpleQueue`` when None.
+        results: where workers post their :class:`~.protocol.Message` s; a
+            fresh ``SimpleQueue`` when None.
         counters: per-worker counters keyed by global id; fresh
             :class:`WorkerCounters` when None.
     """
 
-    def __init__(self, cfg: _Config, worker_ids: list[int], results: Any = None, counters: Any = None) -> None:
+    #: Its workers are threads of this process (:class:`~.protocol.Pool`).
+    in_process = True
+
+    def __init__(self, cfg: WorkerConfig, worker_ids: list[int], results: Any = None, counters: Any = None) -> None:
         self._owns_results = results is None
         if results is None:
             results = queue.SimpleQueue()
@@ -128,8 +132,8 @@ class ThreadPool:
     def generation(self) -> int:
         return self._shared.generation
 
-    def submit(self, worker_id: int, job: tuple[int, int, Any]) -> None:
-        """Queue ``(task, generation, index)`` for worker ``worker_id``.
+    def submit(self, worker_id: int, job: Job) -> None:
+        """Queue ``job`` for worker ``worker_id``.
 
         Raises:
             RuntimeError: the pool was stopped (no thread would ever run it).
@@ -173,3 +177,8 @@ class ThreadPool:
         self._retire_finished()
         if self._owns_results:
             _drain(self.results)
+
+
+def thread_pool(cfg: WorkerConfig) -> ThreadPool:
+    """A pool running all of a loader's workers as threads of this process (the default :data:`~.protocol.PoolFactory`)."""
+    return ThreadPool(cfg, list(range(cfg.num_workers)))

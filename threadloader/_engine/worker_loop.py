@@ -18,77 +18,23 @@ from __future__ import annotations
 import dataclasses
 import queue
 import time
-from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
 import torch
 
 from .. import _context, worker
 from .._interpreter import FREE_THREADED_BUILD
+from . import hooks
 from .intraop import limit_this_thread
-from .._pool import decode_pool
 from .._datapipes import seed_graph
 from .._replica import WorkerParts
 from .._torch_compat import DatasetKind, ExceptionWrapper, create_fetcher, pin_memory
 from ..stats import WorkerCounters
+from .protocol import SYNC_TASK, Job, Kind, Message, ShortBatch, WorkerConfig
 
 #: On a free-threaded build, how often an idle worker thread wakes to free
 #: the objects it made that other threads have dropped (see ``next_job``).
 IDLE_WAKE_S = 0.05
-
-#: Message kinds on the result queue. ``_CRASHED``: a worker process died;
-#: its payload is the message of the RuntimeError the consumer raises.
-#: ``_SYNCED``: a worker's answer to a ``SYNC_TASK`` job.
-_DATA, _STOPPED, _DIED, _CRASHED, _SYNCED = 0, 1, 2, 3, 4
-
-#: Why a stopped pool takes no more work (the consumer's RuntimeError).
-STOPPED_MESSAGE = "ThreadDataLoader's workers have been shut down; this iterator cannot be used again"
-
-#: The task number of a job that asks a worker to answer ``_SYNCED`` once it
-#: has run every job queued before it (DataLoader's ``_ResumeIteration``).
-SYNC_TASK = -1
-
-
-class ProcessDeath(NamedTuple):
-    """A ``_DIED`` payload: a worker process died, and with it all its worker threads."""
-
-    pid: int
-    worker_ids: tuple[int, ...]
-    detail: str = ""  # how it died, in torch's words: the error's cause
-
-    def error(self, *others: "ProcessDeath") -> RuntimeError:
-        """DataLoader's "exited unexpectedly" error for this death (and ``others``), raised once for them all.
-
-        Chained as DataLoader chains it, from this death's detail (its SIGCHLD handler's error).
-        """
-        pids = ", ".join(str(death.pid) for death in (self, *others))
-        error = RuntimeError(f"DataLoader worker (pid(s) {pids}) exited unexpectedly")
-        if self.detail:
-            error.__cause__ = RuntimeError(self.detail)
-        return error
-
-
-@dataclass
-class _Config:
-    """What every worker thread needs; read-only once threads start."""
-
-    dataset: Any
-    kind: int
-    auto_collation: bool
-    collate_fn: Callable
-    drop_last: bool
-    base_seed: int
-    init_fn: Callable | None
-    num_workers: int
-    pin: bool
-    pin_device: str | None
-    device_index: int | None
-    items_per_task: int = 1  # samples a task fetches (the batch size when batching)
-    #: The worker is its child process's only one (worker_processes == num_workers).
-    owns_process: bool = False
-    #: An iterable DataPipe's shared seed for the pool's first epoch (DataLoader's ``_shared_seed``), else None.
-    shared_seed: int | None = None
-
 
 class _Shared:
     """What the pool's owner and its worker threads share.
@@ -114,10 +60,10 @@ class _Shared:
         self.epoch_seeds: dict[int, int] = {}
 
     def post(self, gen: int, idx: int, worker_id: int, payload: Any) -> None:
-        self.results.put((_DATA, gen, idx, worker_id, payload))
+        self.results.put(Message(Kind.DATA, gen, idx, worker_id, payload))
 
-    def next_job(self, worker_id: int) -> Any:
-        """Wait for the worker's next job (a task tuple, or None: stop)."""
+    def next_job(self, worker_id: int) -> Job | None:
+        """Wait for the worker's next job (None: stop)."""
         jobs = self.jobs[worker_id]
         if not FREE_THREADED_BUILD:
             return jobs.get()
@@ -137,16 +83,16 @@ def _where(worker_id: int, what: str) -> str:
     return f"in DataLoader worker thread {worker_id} ({what})"
 
 
-def _worker_main(shared: _Shared, cfg: _Config, worker_id: int, parts: WorkerParts) -> None:
+def _worker_main(shared: _Shared, cfg: WorkerConfig, worker_id: int, parts: WorkerParts) -> None:
     """Body of one worker thread: set up worker info, init, then serve tasks.
 
     Args:
         parts: this worker's copies of the dataset and hooks (:func:`threadloader._replica.worker_parts`),
             made by the pool's owner before the epoch drew anything.
     """
-    # Room in the decode pool for one task's frames (they all live until
-    # collate), for as long as this worker runs: see BufferPool.reserve.
-    release_frames = decode_pool.reserve(cfg.items_per_task)
+    # What the layers above keep for as long as this worker runs (the image
+    # path's room for one task's frames: threadloader._engine.hooks).
+    release_hooks = hooks.start_worker(cfg.items_per_task)
     try:
         # N workers must not each fan out over torch's intra-op pool.
         limit_this_thread()
@@ -172,14 +118,14 @@ def _worker_main(shared: _Shared, cfg: _Config, worker_id: int, parts: WorkerPar
             _serve_map(shared, cfg, worker_id, init_error)
     except BaseException as exc:  # noqa: BLE001 - reported to the consumer, never lost
         if not shared.stopping:
-            shared.results.put((_DIED, shared.generation, -1, worker_id, exc))
+            shared.results.put(Message(Kind.DIED, shared.generation, -1, worker_id, exc))
     finally:
         _context.set_collating(False)
         worker.leave_worker()
-        release_frames()
+        release_hooks()
 
 
-def _finish(cfg: _Config, data: Any, counters: WorkerCounters, worker_id: int) -> Any:
+def _finish(cfg: WorkerConfig, data: Any, counters: WorkerCounters, worker_id: int) -> Any:
     """Collate (when batching) and pin one task's data in this worker.
 
     Returns:
@@ -240,13 +186,13 @@ class _SetupError:
         return self.error
 
 
-def _serve_map(shared: _Shared, cfg: _Config, worker_id: int, init_error: ExceptionWrapper | None) -> None:
+def _serve_map(shared: _Shared, cfg: WorkerConfig, worker_id: int, init_error: ExceptionWrapper | None) -> None:
     setup = _SetupError(init_error)
     while _map_step(shared, cfg, worker_id, setup):
         pass
 
 
-def _fetch_map(cfg: _Config, index: Any, worker_id: int) -> Any:
+def _fetch_map(cfg: WorkerConfig, index: Any, worker_id: int) -> Any:
     """The samples of one map-style task, in index order, or an ExceptionWrapper."""
     dataset = cfg.dataset
     if not cfg.auto_collation:
@@ -283,8 +229,8 @@ def samples_in(index: Any) -> int:
         return 0
 
 
-def _next_task(shared: _Shared, counters: WorkerCounters, worker_id: int) -> Any:
-    """Wait, counted as idle, for the worker's next task: ``(task, generation, index)``, or None: stop.
+def _next_task(shared: _Shared, counters: WorkerCounters, worker_id: int) -> Job | None:
+    """Wait, counted as idle, for the worker's next task, or None: stop.
 
     ``SYNC_TASK`` jobs are answered here: every job queued before them has run.
     """
@@ -293,14 +239,14 @@ def _next_task(shared: _Shared, counters: WorkerCounters, worker_id: int) -> Any
         job = shared.next_job(worker_id)
         if job is None or shared.stopping:
             return None
-        if job[0] != SYNC_TASK:
+        if job.task != SYNC_TASK:
             break
-        shared.results.put((_SYNCED, job[1], SYNC_TASK, worker_id, None))
+        shared.results.put(Message(Kind.SYNCED, job.generation, SYNC_TASK, worker_id, None))
     counters.busy = True
     return job
 
 
-def _map_step(shared: _Shared, cfg: _Config, worker_id: int, setup: _SetupError) -> bool:
+def _map_step(shared: _Shared, cfg: WorkerConfig, worker_id: int, setup: _SetupError) -> bool:
     """Serve one map-style task: fetch its samples, collate, post. False: stop.
 
     A function of its own so that its locals (samples, the collated batch)
@@ -311,7 +257,7 @@ def _map_step(shared: _Shared, cfg: _Config, worker_id: int, setup: _SetupError)
     job = _next_task(shared, counters, worker_id)
     if job is None:
         return False
-    idx, gen, index = job
+    idx, gen, index = job.task, job.generation, job.index
     # A task of an abandoned epoch (persistent workers) runs all the same, as
     # in a DataLoader worker process: its draws from this worker's random
     # streams must happen whatever the timing. The consumer drops the result.
@@ -330,13 +276,6 @@ def _map_step(shared: _Shared, cfg: _Config, worker_id: int, setup: _SetupError)
     return True
 
 
-class ShortBatch(NamedTuple):
-    """An IterableDataset batch with fewer samples than asked for (its replica ended), as posted."""
-
-    batch: Any
-    items: int
-
-
 class _Replica:
     """One worker's IterableDataset iterator and where it stands."""
 
@@ -351,7 +290,7 @@ class _Replica:
         self.finish_s = 0.0  # seconds its collate (and pin) took, inside the fetch
 
 
-def _serve_iterable(shared: _Shared, cfg: _Config, worker_id: int, init_error: ExceptionWrapper | None) -> None:
+def _serve_iterable(shared: _Shared, cfg: WorkerConfig, worker_id: int, init_error: ExceptionWrapper | None) -> None:
     counters = shared.counters[worker_id]
     replica = _Replica(init_error)
 
@@ -366,13 +305,13 @@ def _serve_iterable(shared: _Shared, cfg: _Config, worker_id: int, init_error: E
         pass
 
 
-def _iterable_step(shared: _Shared, cfg: _Config, worker_id: int, replica: _Replica, collate: Callable) -> bool:
+def _iterable_step(shared: _Shared, cfg: WorkerConfig, worker_id: int, replica: _Replica, collate: Callable) -> bool:
     """Serve one job (a function so that the batch is not kept while idle). False: stop."""
     counters = shared.counters[worker_id]
     job = _next_task(shared, counters, worker_id)
     if job is None:
         return False
-    idx, gen, index = job
+    idx, gen, index = job.task, job.generation, job.index
     failed = replica.setup.for_task(gen)
     if failed is not None:
         shared.post(gen, idx, worker_id, failed)
@@ -398,7 +337,7 @@ def _iterable_step(shared: _Shared, cfg: _Config, worker_id: int, replica: _Repl
         payload = replica.fetcher.fetch(index)
     except StopIteration:
         replica.ended = True
-        shared.results.put((_STOPPED, gen, idx, worker_id, None))
+        shared.results.put(Message(Kind.STOPPED, gen, idx, worker_id, None))
         return True
     except Exception:
         payload = ExceptionWrapper(where=_where(worker_id, "IterableDataset"))

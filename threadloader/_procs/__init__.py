@@ -10,6 +10,6 @@
 * :mod:`.counters` -- the workers' counters as rows of one shared array.
 """
 
-from .pool import ProcessPool, check_worker_processes
+from .pool import ProcessPool, check_worker_processes, process_pool
 
-__all__ = ["ProcessPool", "check_worker_processes"]
+__all__ = ["ProcessPool", "check_worker_processes", "process_pool"]

@@ -29,7 +29,7 @@ import torch
 
 from .. import _context, worker
 from .._engine.pool import ThreadPool
-from .._engine.worker_loop import _Config
+from .._engine.protocol import WorkerConfig
 from .._interpreter import FREE_THREADED_BUILD
 from .._torch_compat import set_worker_signal_handlers
 from ..stats import process_cpu_seconds
@@ -81,7 +81,7 @@ def _loader_alive(parent_pid: int | None) -> bool:
 
 
 def child_main(
-    cfg: _Config,
+    cfg: WorkerConfig,
     worker_ids: list[int],
     jobs: Any,
     results: Any,

@@ -45,14 +45,15 @@ import torch.multiprocessing as torch_mp
 
 from .. import _fork, _torch_compat
 from .._engine.pool import JOIN_BUDGET_S
-from .._engine.worker_loop import _CRASHED, _DATA, _DIED, STOPPED_MESSAGE, ProcessDeath, _Config, pin_task
+from .._engine.protocol import STOPPED_MESSAGE, Job, Kind, Message, PoolFactory, ProcessDeath, WorkerConfig
+from .._engine.worker_loop import pin_task
 from .._torch_compat import ExceptionWrapper
 from .mirror import Mirror
 from .child import POLL_S, child_main
 from .counters import COLUMNS, CPU, ArrayCounters
 from .wire import NEW_EPOCH, RELEASED, Parcel, ReceiveError
 
-__all__ = ["ProcessPool", "check_worker_processes"]
+__all__ = ["ProcessPool", "check_worker_processes", "process_pool"]
 
 #: How long a dead child's exit code may take to appear when another thread reaps it.
 EXIT_CODE_WAIT_S = 1.0
@@ -112,6 +113,15 @@ def check_worker_processes(worker_processes: Any, num_workers: int) -> None:
             f"worker_processes option should be at most num_workers (each process runs at least one worker "
             f"thread), but got worker_processes={worker_processes} and num_workers={num_workers}."
         )
+
+
+def process_pool(num_processes: int, mp_context: Any = None, prefetch_factor: int = 2) -> PoolFactory:
+    """The engine's pool factory for ``worker_processes``: see :class:`ProcessPool` for the arguments."""
+
+    def make(cfg: WorkerConfig) -> ProcessPool:
+        return ProcessPool(cfg, num_processes, mp_context, prefetch_factor)
+
+    return make
 
 
 #: Held while a pool makes and starts one child (see ProcessPool.__init__).
@@ -188,27 +198,27 @@ class _Inbox:
         """Drop every message queued, each payload unpickled first (see :meth:`~.wire.Parcel.discard`)."""
         while True:
             try:
-                payload = self._queue.get_nowait()[4]
+                payload = self._queue.get_nowait().payload
             except queue.Empty:
                 return
             if type(payload) is Parcel:
                 payload.discard()
 
-    def get(self, block: bool = True, timeout: float | None = None) -> tuple[int, int, int, int, Any]:
+    def get(self, block: bool = True, timeout: float | None = None) -> Message:
         """The next message, its payload opened (``queue.SimpleQueue.get``'s arguments and ``queue.Empty``)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            kind, gen, idx, worker_id, payload = self._queue.get(block, remaining)
-            if type(payload) is not Parcel:
-                return kind, gen, idx, worker_id, payload
-            opened = payload.open()
+            message: Message = self._queue.get(block, remaining)
+            if type(message.payload) is not Parcel:
+                return message
+            opened = message.payload.open()
             # As the receiver's check (_forward): a receive error from a worker
             # that died is its death, which its receiver reports next.
-            dropped = isinstance(opened, ReceiveError) and _exited(self._by_worker[worker_id])
+            dropped = isinstance(opened, ReceiveError) and _exited(self._by_worker[message.worker_id])
             try:
                 if not dropped:
-                    return kind, gen, idx, worker_id, opened
+                    return message._replace(payload=opened)
             finally:
                 # A receive error's traceback reaches this frame (f_back):
                 # holding it here would make a cycle, kept until a collection.
@@ -216,7 +226,7 @@ class _Inbox:
 
 
 class ProcessPool:
-    """The pool interface of :class:`threadloader._engine.ThreadPool`, over child processes.
+    """The engine's :class:`~threadloader._engine.protocol.Pool`, over child processes.
 
     Args:
         cfg: what every worker needs (pinning, if asked, happens in the parent).
@@ -226,7 +236,11 @@ class ProcessPool:
             arena of batch buffers, :mod:`.arena`).
     """
 
-    def __init__(self, cfg: _Config, num_processes: int, mp_context: Any = None, prefetch_factor: int = 2) -> None:
+    #: Its workers run in child processes, which hold their dataset copies.
+    in_process = False
+    replicas = None
+
+    def __init__(self, cfg: WorkerConfig, num_processes: int, mp_context: Any = None, prefetch_factor: int = 2) -> None:
         num_processes = operator.index(num_processes)  # a NumPy int too
         self._ctx = mp_context if mp_context is not None else torch_mp
         self._pin = cfg.pin
@@ -332,8 +346,8 @@ class ProcessPool:
         """The worker processes' ids."""
         return [c.process.pid for c in self._children if c.process is not None]
 
-    def submit(self, worker_id: int, job: tuple[int, int, Any]) -> None:
-        """Queue ``(task, generation, index)`` for worker ``worker_id`` (in its process).
+    def submit(self, worker_id: int, job: Job) -> None:
+        """Queue ``job`` for worker ``worker_id`` (in its process).
 
         Raises:
             RuntimeError: the pool was stopped (the failure's message when a
@@ -383,14 +397,14 @@ class ProcessPool:
         goes on with the other processes' workers.
         """
         death = ProcessDeath(child.process.pid, tuple(child.worker_ids), detail)
-        self.results.put((_DIED, self.generation, -1, child.worker_ids[0], death))
+        self.results.put(Message(Kind.DIED, self.generation, -1, child.worker_ids[0], death))
 
     def fail(self, message: str) -> None:
         """Record the pool's failure and tell the consumer (its first failure wins, in both)."""
         with self._failure_lock:
             if self.failure is None:
                 self.failure = message
-            self.results.put((_CRASHED, -1, -1, -1, message))
+            self.results.put(Message(Kind.CRASHED, -1, -1, -1, message))
 
     def stop(self) -> None:
         """Stop the children and the receivers; terminate what does not stop in time (idempotent)."""
@@ -476,7 +490,7 @@ def _receive(pool: ProcessPool, child: _Child) -> None:
 def _receive_one(pool: ProcessPool, child: _Child, pid: int) -> bool:
     """Forward one result (a function so that an idle receiver holds no batch). False: stop."""
     try:
-        msg = child.results.get(timeout=POLL_S)
+        msg = Message._make(child.results.get(timeout=POLL_S))
     except queue.Empty:
         if pool.stopping:
             return False
@@ -497,8 +511,8 @@ def _receive_one(pool: ProcessPool, child: _Child, pid: int) -> bool:
         return False
     if pool.stopping:  # nobody reads it
         forwarded = False
-        if type(msg[4]) is Parcel:
-            msg[4].discard()
+        if type(msg.payload) is Parcel:
+            msg.payload.discard()
     else:
         forwarded = _forward(pool, child, pid, msg)
     # A payload that failed to unpickle keeps its traceback, whose frames
@@ -508,18 +522,18 @@ def _receive_one(pool: ProcessPool, child: _Child, pid: int) -> bool:
     return forwarded
 
 
-def _forward(pool: ProcessPool, child: _Child, pid: int, msg: tuple[int, int, int, int, Any]) -> bool:
+def _forward(pool: ProcessPool, child: _Child, pid: int, msg: Message) -> bool:
     """Hand one received result to the consumer (pinned first when the loader pins). False: stop."""
-    kind, gen, idx, worker_id, payload = msg
+    payload = msg.payload
     if pool._pin and type(payload) is Parcel:  # pinned here, so opened here
         payload = payload.open()
     # As DataLoader: a receive error from a worker that died (its file
     # descriptors went with it) is that worker's death, not the task's.
     if isinstance(payload, ReceiveError) and _failed_if_died(pool, child, pid):
         return False
-    if pool._pin and kind == _DATA and not isinstance(payload, ExceptionWrapper):
-        payload = pin_task(payload, pool._pin_device, pool.counters[worker_id], worker_id)
-    pool.results.put((kind, gen, idx, worker_id, payload))
+    if pool._pin and msg.kind == Kind.DATA and not isinstance(payload, ExceptionWrapper):
+        payload = pin_task(payload, pool._pin_device, pool.counters[msg.worker_id], msg.worker_id)
+    pool.results.put(msg._replace(payload=payload))
     return True
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from .. import _context
 from .._torch_compat import ExceptionWrapper
-from .._engine.worker_loop import _DATA, _DIED
+from .._engine.protocol import Kind
 from .arena import forking_dumps as _dumps
 from .mirror import discard as arena_discard
 from .mirror import loads as arena_loads
@@ -225,9 +225,9 @@ class ParcelQueue:
 
     def put(self, msg: tuple[int, int, int, int, Any]) -> None:
         kind, gen, idx, worker_id, payload = msg
-        if kind == _DIED:
+        if kind == Kind.DIED:
             payload = Death(payload)
-        elif kind == _DATA:
+        elif kind == Kind.DATA:
             with self._order:
                 self._queue.put((kind, gen, idx, worker_id, Parcel.seal(payload, worker_id)))
             return

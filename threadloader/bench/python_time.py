@@ -75,6 +75,7 @@ def _path_minus_native(
         JPEG of ``files`` is a sample of the ImageFolder at ``root``.
     """
     from threadloader import ThreadDataLoader
+    from threadloader._torch_compat import shutdown_workers
     from threadloader.bench.pipelines import frame_dataset
     from threadloader.frames import frame_collate
 
@@ -107,7 +108,7 @@ def _path_minus_native(
         finally:
             # Joins the worker now: a worker's error keeps the iterator in its
             # traceback, which the caller may hold for as long as it likes.
-            it._shutdown_workers()
+            shutdown_workers(it)
             del it, loader
         _native_frame_calls(paths[:batch_size], (size, size), batch_size)  # warm-up
         natives.append(_native_frame_calls(paths, (size, size), batch_size))
