@@ -490,7 +490,7 @@ def test_normalize_with_pending_frames_and_labels() -> None:
     from threadloader.device import ImageTransform
 
     want = torch.empty(u8.shape, dtype=torch.float32).contiguous(memory_format=torch.channels_last)
-    ImageTransform(normalize=(MEAN, STD))._affine(u8, want)
+    ImageTransform(normalize=(MEAN, STD)).normalize_into(u8, want)
     assert torch.equal(got, want) and torch.equal(labels, labels2)
 
 
@@ -540,7 +540,7 @@ def test_normalize_runs_in_the_worker_threads() -> None:
     from threadloader.device import ImageTransform
 
     seen: set[str] = set()
-    original = ImageTransform._affine
+    original = ImageTransform.normalize_into
 
     def spy(self, x, out):
         seen.add(threading.current_thread().name)
@@ -549,11 +549,11 @@ def test_normalize_runs_in_the_worker_threads() -> None:
     frames = [_frame(4, 4, seed=i) for i in range(16)]
     loader = ThreadDataLoader(frames, batch_size=4, num_workers=2,
                               collate_fn=functools.partial(frame_collate, normalize=(MEAN, STD)))
-    ImageTransform._affine = spy
+    ImageTransform.normalize_into = spy
     try:
         got = list(loader)
     finally:
-        ImageTransform._affine = original
+        ImageTransform.normalize_into = original
     want = [frame_collate(frames[i:i + 4], normalize=(MEAN, STD)) for i in range(0, 16, 4)]
     assert all(torch.equal(a, b) for a, b in zip(got, want))
     assert seen and threading.main_thread().name not in seen

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import pickle
 import subprocess
 import sys
@@ -9,15 +10,16 @@ import sys
 import pytest
 
 from threadloader import ThreadDataLoader
-from threadloader._engine import hooks
-from threadloader._engine.pool import ThreadPool, thread_pool
-from threadloader._engine.protocol import Job, Kind, Message, Pool
+from threadloader._moved import MOVED
+from threadloader.engine import hooks
+from threadloader.engine.thread_pool import ThreadPool, start_thread_pool
+from threadloader.engine.protocol import Job, Kind, Message, Pool
 
 
 def test_the_engine_imports_neither_the_process_layer_nor_the_image_path():
-    code = ("import sys, threadloader._engine; "
-            "print(sorted(m for m in ('threadloader._procs', 'threadloader._pool', 'threadloader.frames', "
-            "'threadloader.io') if m in sys.modules))")
+    code = ("import sys, threadloader.engine; "
+            "print(sorted(m for m in sys.modules if m.startswith(('threadloader.procs', 'threadloader.images', "
+            "'threadloader.io'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
@@ -36,7 +38,7 @@ def test_the_loader_hands_the_iterator_its_pool(monkeypatch):
     made: list[Pool] = []
 
     def counting_pool(cfg):
-        pool = thread_pool(cfg)
+        pool = start_thread_pool(cfg)
         made.append(pool)
         return pool
 
@@ -100,3 +102,33 @@ def test_a_failing_hook_ends_the_hooks_started_before_it(monkeypatch):
     release = hooks.start_worker(1)
     release()
     assert ended == ["first", "b", "a"]  # the last started ends first
+
+
+def test_every_old_import_path_is_the_module_at_its_new_one():
+    # In a fresh interpreter: each old name imported first, before its module.
+    code = ("import importlib, json, sys, threadloader; from threadloader._moved import MOVED; "
+            "bad = [old for old, new in sorted(MOVED.items()) if importlib.import_module(old) is not "
+            "importlib.import_module(new) or sys.modules[new].__spec__.name != new]; print(json.dumps(bad))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert json.loads(out) == []
+    # ``from old_package import old_module``: the package is found under its new name first.
+    code = ("import importlib, json, threadloader; from threadloader._moved import MOVED; bad = []\n"
+            "for old, new in sorted(MOVED.items()):\n"
+            "    parent, _, child = old.rpartition('.')\n"
+            "    if parent in MOVED:\n"
+            "        got = getattr(__import__(parent, fromlist=[child]), child)\n"
+            "        bad += [] if got is importlib.import_module(new) else [old]\n"
+            "print(json.dumps(bad))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert json.loads(out) == []
+    assert "threadloader.frames" in MOVED and "threadloader.device" in MOVED  # public paths
+
+
+def test_patching_an_old_path_patches_the_code_that_runs(monkeypatch):
+    import threadloader._engine.worker_loop as old_path
+    from threadloader.engine import worker_loop
+
+    assert old_path is worker_loop
+    monkeypatch.setattr(old_path, "samples_in", lambda index: 99)
+    assert worker_loop.samples_in([1, 2]) == 99
+

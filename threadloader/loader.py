@@ -5,17 +5,18 @@ from __future__ import annotations
 import contextlib
 import os
 import weakref
-from typing import Any, Callable, Iterable, Iterator, TypeVar
+from typing import Any, Callable, Iterable, TypeVar, cast
 
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from . import _pool  # noqa: F401 - registers the batch buffers' reservations (engine hooks)
-from . import _procs, _torch_compat
+from .images import buffers as _pool  # noqa: F401 - registers the batch buffers' reservations (engine hooks)
+from . import procs as _procs
+from ._platform import torch_compat as _torch_compat
 from . import state as _state
-from . import worker as _worker  # noqa: F401 - installs thread-aware worker info
-from ._engine import ResumableSingleIter, ThreadedLoaderIter, thread_pool
-from ._engine.protocol import PoolFactory
-from .stats import LoaderStats
+from .worker import info as _worker  # noqa: F401 - installs thread-aware worker info
+from .engine import ResumableSingleIter, ThreadedLoaderIter, start_thread_pool
+from .engine.protocol import PoolFactory
+from .stats.counters import LoaderStats
 
 __all__ = ["ThreadDataLoader"]
 
@@ -111,7 +112,7 @@ class ThreadDataLoader(DataLoader[_T_co]):
         # load raises, instead of raising itself (see state_dict).
         self._defer_checkpoint_errors = False
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> _torch_compat.BaseDataLoaderIter:
         stale = self._iterator
         if stale is not None and getattr(stale, "owner_pid", None) not in (None, os.getpid()):
             # persistent_workers in a forked process: the workers are the
@@ -159,8 +160,10 @@ class ThreadDataLoader(DataLoader[_T_co]):
     def _pool_factory(self) -> PoolFactory:
         """How the next iterator runs its workers: threads of this process, or ``worker_processes`` children."""
         if self.worker_processes:
-            return _procs.process_pool(self.worker_processes, self.multiprocessing_context, self.prefetch_factor)
-        return thread_pool
+            # An int here: DataLoader sets prefetch_factor (2 by default) when there are workers.
+            return _procs.process_pool_factory(self.worker_processes, self.multiprocessing_context,
+                                               cast(int, self.prefetch_factor))
+        return start_thread_pool
 
     def stats(self) -> LoaderStats | None:
         """Statistics of the most recent threaded iterator (None before one).

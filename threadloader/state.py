@@ -20,7 +20,7 @@ import contextlib
 import inspect
 import sys
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, TypeGuard
 
 import torch
 from torch.utils.data import BatchSampler, DistributedSampler, IterableDataset, SequentialSampler
@@ -450,7 +450,7 @@ def _bad(what: str) -> ValueError:
     return ValueError(f"not a valid ThreadDataLoader state dict: {what}")
 
 
-def _is_count(value: Any) -> bool:
+def _is_count(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 

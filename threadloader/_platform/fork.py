@@ -7,7 +7,7 @@ started with ``fork`` while another loader's threads run, say. Module-level
 locks are named by module (:func:`renew_after_fork`), an object's own locks by
 the object (:func:`renew_lock_after_fork`, held weakly); each is renewed as its
 own kind (a reentrant lock stays reentrant). The buffer pools reset
-more than their lock and register their own hook (:mod:`threadloader._pool`).
+more than their lock and register their own hook (:mod:`threadloader.images.buffers`).
 
 A forked child also holds a copy of every file descriptor open at the fork,
 among them, for a moment, the write end of another ``worker_processes``

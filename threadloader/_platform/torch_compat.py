@@ -15,7 +15,7 @@ Two behaviours of torch have to be adjusted for worker *threads*:
   thread-local value. Outside our threads it returns exactly what it did before.
 * ``default_collate`` stacks tensors into *shared memory* whenever worker info
   is set. :func:`replace_collate_tensor` swaps its tensor entry for the one
-  :mod:`threadloader._collate` writes (where batches go is decided there), and
+  :mod:`threadloader.worker.collate` writes (where batches go is decided there), and
   :func:`worker_info_hidden` lets that entry run torch's own with the worker
   info hidden.
 """
@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch._utils import ExceptionWrapper
 
-from ._fork import renew_after_fork
+from .fork import renew_after_fork
 from torch.utils.data import dataloader as _dl
 from torch.utils.data._utils import collate as _collate
 from torch.utils.data._utils import pin_memory as _pin

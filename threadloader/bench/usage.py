@@ -19,7 +19,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from ..stats import usable_cpus
+from ..stats.cpu import usable_cpus
 
 __all__ = ["Usage", "usage", "usable_cores"]
 

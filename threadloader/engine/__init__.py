@@ -5,20 +5,22 @@
   sampler order;
 * :mod:`.protocol` -- what the iterator and a pool exchange: :class:`~.protocol.Pool`,
   jobs, result messages and their kinds, the workers' configuration;
-* :mod:`.pool` -- :class:`ThreadPool`, the worker threads of this process
-  (the process layer, :mod:`threadloader._procs`, runs one in each child);
+* :mod:`.thread_pool` -- :class:`ThreadPool`, the worker threads of this process
+  (the process layer, :mod:`threadloader.procs`, runs one in each child);
 * :mod:`.worker_loop` -- what one worker thread runs: set-up as a DataLoader
-  worker, fetch, collate, post;
-* :mod:`.inherit` -- what a worker thread takes over from the thread starting
-  it (grad mode, contextvars), as a forked worker process would;
-* :mod:`.intraop` -- one torch intra-op thread per worker thread;
+  worker (:mod:`threadloader.worker`), fetch, collate, post;
+* :mod:`.hooks` -- what the layers above run while an iterator or a worker
+  runs (the image path's buffer reservations);
 * :mod:`.thread_view` -- process-like views of the threads (``_workers``);
 * :mod:`.single` -- the ``num_workers=0`` iterator (DataLoader's own, with
   checkpoint and resume).
+
+The engine imports neither the process layer nor the image path: the loader
+hands the iterator its pool factory, and the image path registers its hooks.
 """
 
 from .iterator import ThreadedLoaderIter
-from .pool import JOIN_BUDGET_S, ThreadPool, thread_pool
+from .thread_pool import JOIN_BUDGET_S, ThreadPool, start_thread_pool
 from .single import ResumableSingleIter
 
-__all__ = ["JOIN_BUDGET_S", "ResumableSingleIter", "ThreadPool", "ThreadedLoaderIter", "thread_pool"]
+__all__ = ["JOIN_BUDGET_S", "ResumableSingleIter", "ThreadPool", "ThreadedLoaderIter", "start_thread_pool"]

@@ -1,7 +1,7 @@
 """What the layers above the engine run while an iterator or a worker thread runs.
 
 The engine knows nothing of what workers make; a layer that keeps resources
-per running loader (the image path's batch buffers, :mod:`threadloader._pool`)
+per running loader (the image path's batch buffers, :mod:`threadloader.images.buffers`)
 registers a hook here when it is imported. Each hook starts something and
 returns the function that ends it; the engine ends them in reverse order.
 

@@ -15,7 +15,7 @@ the worker process with the same id would.
 The consumer talks to its workers through a *pool* (:class:`.protocol.Pool`):
 it submits :class:`.protocol.Job` s and reads :class:`.protocol.Message` s.
 The loader hands the iterator a factory of one:
-:func:`threadloader._engine.pool.thread_pool` (threads of this process, the
+:func:`threadloader.engine.thread_pool.start_thread_pool` (threads of this process, the
 default) or the process layer's (the same threads spread over child processes,
 ``worker_processes``), which the engine never imports. Neither the threads nor
 the pool reference the iterator object, so dropping the iterator (``del``,
@@ -34,13 +34,12 @@ from typing import Any, Callable, NoReturn
 import torch
 from torch.autograd.profiler import record_function
 
-from .._datapipes import graph_lock, is_datapipe, peek_shared_seed, sharding_init_fn
-from .._torch_compat import (BaseDataLoaderIter, DatasetKind, ExceptionWrapper, init_base_iterator, profiler_enabled,
-                             warn_iterable_length)
+from ..worker.datapipes import graph_lock, is_datapipe, peek_shared_seed, sharding_init_fn
+from .._platform.torch_compat import BaseDataLoaderIter, DatasetKind, ExceptionWrapper, init_base_iterator, profiler_enabled, warn_iterable_length
 from ..state import EpochStart, RecordsProgressOnDrop, ResumePlan, dataset_state_of, progress_record
-from ..stats import LoaderStats
+from ..stats.counters import LoaderStats
 from . import hooks
-from .pool import thread_pool
+from .thread_pool import start_thread_pool
 from .protocol import SYNC_TASK, Job, Kind, Message, Pool, PoolFactory, ProcessDeath, ShortBatch, WorkerConfig
 from .worker_loop import samples_in
 
@@ -82,7 +81,7 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
     """
 
     def __init__(self, loader: Any, plan: ResumePlan | None = None,
-                 pool_factory: PoolFactory = thread_pool) -> None:
+                 pool_factory: PoolFactory = start_thread_pool) -> None:
         with graph_lock(loader.dataset):  # it seeds a DataPipe's graph: not while a worker walks one
             init_base_iterator(self, loader)
         #: The process whose threads (or worker processes) serve this iterator.
@@ -139,7 +138,7 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
         release = None
         if self._pool.in_process:
             # What the layers above keep while this iterator's workers run here
-            # (the image path's batch buffers: threadloader._engine.hooks).
+            # (the image path's batch buffers: threadloader.engine.hooks).
             try:
                 release = hooks.start_iterator(self._prefetch_factor * self._num_workers, self._pin_memory)
             except BaseException:

@@ -3,7 +3,7 @@
 The iterator (:mod:`.iterator`) drives any object that has the shape of
 :class:`Pool`: it submits :class:`Job` s to workers by id and reads
 :class:`Message` s from ``pool.results``. The engine ships one pool (worker
-threads of this process, :class:`threadloader._engine.pool.ThreadPool`); the
+threads of this process, :class:`threadloader.engine.thread_pool.ThreadPool`); the
 loader may hand the iterator a factory of another (worker processes), which
 the engine never imports.
 """
@@ -121,9 +121,14 @@ class Pool(Protocol):
     dataset by worker id, where this process holds them (else None).
     """
 
-    results: ResultQueue
-    counters: Sequence[Any]
-    in_process: bool
+    @property
+    def results(self) -> ResultQueue: ...
+
+    @property
+    def counters(self) -> Sequence[Any]: ...
+
+    @property
+    def in_process(self) -> bool: ...
 
     @property
     def generation(self) -> int: ...

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from .._torch_compat import DatasetKind, SingleProcessDataLoaderIter, create_fetcher
+from .._platform.torch_compat import DatasetKind, SingleProcessDataLoaderIter, create_fetcher
 from ..state import (DrawsAhead, EpochStart, RecordsProgressOnDrop, ResumePlan, dataset_state_of, generators_of,
                      progress_record)
 

@@ -2,9 +2,9 @@
 
 A pool runs some of a loader's workers (all of them here, or one child
 process's share under ``worker_processes``) as threads of this process. Each
-worker runs :func:`threadloader._engine.worker_loop._worker_main` on its own
+worker runs :func:`threadloader.engine.worker_loop._worker_main` on its own
 copy of the dataset, started in the grad mode and contextvars of the thread
-starting the pool (:mod:`threadloader._engine.inherit`), and posts its results
+starting the pool (:mod:`threadloader.worker.inherit`), and posts its results
 to one queue. The pool owns its threads: :meth:`ThreadPool.stop` tells them to
 stop and joins them within :data:`JOIN_BUDGET_S`.
 """
@@ -16,14 +16,14 @@ import threading
 import time
 from typing import Any
 
-from .._replica import retire, worker_parts
-from ..stats import WorkerCounters
-from . import inherit
+from ..worker.copies import retire, worker_parts
+from ..stats.counters import WorkerCounters
+from ..worker import inherit
 from .thread_view import WorkerThreadView
 from .protocol import STOPPED_MESSAGE, Job, WorkerConfig
 from .worker_loop import _drain, _Shared, _worker_main
 
-__all__ = ["JOIN_BUDGET_S", "ThreadPool", "thread_pool"]
+__all__ = ["JOIN_BUDGET_S", "ThreadPool", "start_thread_pool"]
 
 #: How long shutdown waits, in total, for threads to finish the user call they
 #: are in. A thread stuck in user code is left to finish on its own (it is a
@@ -104,7 +104,7 @@ class ThreadPool:
         #: copy carries its own state from epoch to epoch, as in a worker process).
         self.replicas = {w: p.dataset for w, p in parts.items()}
         # Each worker starts as a forked worker process would: in the grad
-        # mode and contextvars of the thread starting the pool (threadloader._engine.inherit).
+        # mode and contextvars of the thread starting the pool (threadloader.worker.inherit).
         caller = inherit.capture()
         self._finished: set[int] = set()  # workers whose thread is done with its copies
         self._threads = [
@@ -179,6 +179,6 @@ class ThreadPool:
             _drain(self.results)
 
 
-def thread_pool(cfg: WorkerConfig) -> ThreadPool:
+def start_thread_pool(cfg: WorkerConfig) -> ThreadPool:
     """A pool running all of a loader's workers as threads of this process (the default :data:`~.protocol.PoolFactory`)."""
     return ThreadPool(cfg, list(range(cfg.num_workers)))

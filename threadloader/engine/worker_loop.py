@@ -9,8 +9,8 @@ own replica iterator. Results, or the exception wrapped with where it
 happened, go to the result queue. :class:`_Shared` is all a worker shares with
 its pool's owner; nothing here references the iterator.
 
-The same loop runs in this process (:class:`threadloader._engine.pool.ThreadPool`)
-and inside ``worker_processes`` children (:mod:`threadloader._procs`).
+The same loop runs in this process (:class:`threadloader.engine.thread_pool.ThreadPool`)
+and inside ``worker_processes`` children (:mod:`threadloader.procs`).
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ from typing import Any, Callable
 
 import torch
 
-from .. import _context, worker
-from .._interpreter import FREE_THREADED_BUILD
+from ..worker import context as _context, info as worker
+from .._platform.interpreter import FREE_THREADED_BUILD
 from . import hooks
-from .intraop import limit_this_thread
-from .._datapipes import seed_graph
-from .._replica import WorkerParts
-from .._torch_compat import DatasetKind, ExceptionWrapper, create_fetcher, pin_memory
-from ..stats import WorkerCounters
+from ..worker.intraop import limit_this_thread
+from ..worker.datapipes import seed_graph
+from ..worker.copies import WorkerParts
+from .._platform.torch_compat import DatasetKind, ExceptionWrapper, create_fetcher, pin_memory
+from ..stats.counters import WorkerCounters
 from .protocol import SYNC_TASK, Job, Kind, Message, ShortBatch, WorkerConfig
 
 #: On a free-threaded build, how often an idle worker thread wakes to free
@@ -87,11 +87,11 @@ def _worker_main(shared: _Shared, cfg: WorkerConfig, worker_id: int, parts: Work
     """Body of one worker thread: set up worker info, init, then serve tasks.
 
     Args:
-        parts: this worker's copies of the dataset and hooks (:func:`threadloader._replica.worker_parts`),
+        parts: this worker's copies of the dataset and hooks (:func:`threadloader.worker.copies.worker_parts`),
             made by the pool's owner before the epoch drew anything.
     """
     # What the layers above keep for as long as this worker runs (the image
-    # path's room for one task's frames: threadloader._engine.hooks).
+    # path's room for one task's frames: threadloader.engine.hooks).
     release_hooks = hooks.start_worker(cfg.items_per_task)
     try:
         # N workers must not each fan out over torch's intra-op pool.

@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from .._interpreter import FREE_THREADED_BUILD
+from .._platform.interpreter import FREE_THREADED_BUILD
 
 __all__ = ["jpeg", "load"]
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from .._fork import renew_after_fork
+from .._platform.fork import renew_after_fork
 
 __all__ = ["available", "decode_region", "library_path"]
 

@@ -24,7 +24,7 @@ the free list. Nothing is reused earlier, whatever the user keeps.
   reuses pinned blocks, and only once every copy that read them has completed
   (it records events on non-blocking copies), which a pool of ours could not
   see. Shared memory for ``worker_processes`` children is pooled by
-  :class:`threadloader._procs.arena.ChildArena`, this pool with one more
+  :class:`threadloader.procs.arena.ChildArena`, this pool with one more
   holder per block: the loader's process.
 """
 
@@ -38,7 +38,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ._engine import hooks
+from ..engine import hooks
 
 __all__ = ["BufferPool", "decode_pool", "host_pool", "nbytes_of"]
 
@@ -126,7 +126,7 @@ class BufferPool:
                 self._put_back(entry[1], entry[2])
 
     # Hooks for pools whose blocks are also held outside this process (see
-    # threadloader._procs.arena); each runs with the lock held.
+    # threadloader.procs.arena); each runs with the lock held.
 
     def _new_block(self, capacity: int) -> np.ndarray:
         """A new block: a 1-D uint8 array of ``capacity`` bytes."""

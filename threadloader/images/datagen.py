@@ -127,7 +127,7 @@ def make_imagenet_like(
     Returns:
         ``Path(root)``, ready for ``torchvision.datasets.ImageFolder``.
     """
-    from .io._codec import jpeg
+    from ._codec import jpeg
 
     root = Path(root).expanduser()
     params = dict(

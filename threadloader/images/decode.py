@@ -33,8 +33,8 @@ import numpy as np
 from . import _turbojpeg
 from . import _jpeg_stream
 from ._codec import jpeg
-from .._pool import decode_pool
-from ..frames import Frame, _deferred
+from .buffers import decode_pool
+from .frames import Frame, _deferred
 
 __all__ = ["ImageDecodeError", "Source", "decode_image", "image_size"]
 

@@ -23,12 +23,12 @@ from typing import Any, Sequence
 
 import numpy as np
 import torch
-from . import _torch_compat
-from ._fork import renew_after_fork
-from . import _context
-from ._context import pin_memory_requested
-from ._pool import host_pool
-from ._rng import routing_suspended
+from .._platform import torch_compat as _torch_compat
+from .._platform.fork import renew_after_fork
+from ..worker import context as _context
+from ..worker.context import pin_memory_requested
+from .buffers import host_pool
+from ..worker.rng import routing_suspended
 
 __all__ = ["Frame", "frame_collate"]
 
@@ -206,7 +206,7 @@ def _collate_frames_body(batch: Any, transform: Any) -> torch.Tensor:
     # GIL): no torch tensor is made per image except the resize's source, no
     # attribute lookups beyond the frame's state.
     shape = batch[0].shape
-    states = []
+    states: list[tuple[Any, Any]] = []
     append = states.append
     for index, frame in enumerate(batch):
         if not isinstance(frame, Frame):
@@ -241,7 +241,7 @@ def _collate_frames_body(batch: Any, transform: Any) -> torch.Tensor:
     if transform is None:
         return pixels.permute(0, 3, 1, 2)
     out = _batch_buffer(full, transform.dtype).permute(0, 3, 1, 2)
-    transform._affine(pixels.permute(0, 3, 1, 2), out)
+    transform.normalize_into(pixels.permute(0, 3, 1, 2), out)
     return out
 
 
@@ -292,7 +292,7 @@ def _transform(normalize: Any, dtype: torch.dtype | None) -> Any:
     key = None if values is None else (values, dtype)
     transform = None if key is None else _transforms.get(key)
     if transform is None:
-        from .device import ImageTransform
+        from .transform import ImageTransform
 
         # The same fused ``x * scale + bias`` as to_device's: bit-identical
         # results whichever stage normalizes.

@@ -10,6 +10,6 @@
 * :mod:`.counters` -- the workers' counters as rows of one shared array.
 """
 
-from .pool import ProcessPool, check_worker_processes, process_pool
+from .process_pool import ProcessPool, check_worker_processes, process_pool_factory
 
-__all__ = ["ProcessPool", "check_worker_processes", "process_pool"]
+__all__ = ["ProcessPool", "check_worker_processes", "process_pool_factory"]

@@ -56,8 +56,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import _torch_compat
-from .._pool import BufferPool, nbytes_of
+from .._platform import torch_compat as _torch_compat
+from ..images.buffers import BufferPool, nbytes_of
 
 __all__ = ["ChildArena", "forking_dumps"]
 

@@ -1,7 +1,7 @@
 """The body of a ``worker_processes`` child: its dispatcher, its worker threads, its watch on the parent.
 
 The child's main thread is its dispatcher: it reads jobs from the process's
-job queue and hands them to a :class:`threadloader._engine.pool.ThreadPool`
+job queue and hands them to a :class:`threadloader.engine.thread_pool.ThreadPool`
 running that process's workers exactly as the thread engine runs them
 in-process (same worker info with global ids and ``num_workers``, seeds,
 ``worker_init_fn``, error wrapping), and watches the loader's process. It
@@ -27,12 +27,12 @@ from typing import Any
 
 import torch
 
-from .. import _context, worker
-from .._engine.pool import ThreadPool
-from .._engine.protocol import WorkerConfig
-from .._interpreter import FREE_THREADED_BUILD
-from .._torch_compat import set_worker_signal_handlers
-from ..stats import process_cpu_seconds
+from ..worker import context as _context, info as worker
+from ..engine.thread_pool import ThreadPool
+from ..engine.protocol import WorkerConfig
+from .._platform.interpreter import FREE_THREADED_BUILD
+from .._platform.torch_compat import set_worker_signal_handlers
+from ..stats.cpu import process_cpu_seconds
 from .arena import ChildArena
 from .counters import CPU, ArrayCounters
 from .wire import NEW_EPOCH, RELEASED, ParcelQueue

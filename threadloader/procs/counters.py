@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ..stats import WorkerCounters
+from ..stats.counters import WorkerCounters
 
 __all__ = ["COLUMNS", "CPU", "ArrayCounters"]
 

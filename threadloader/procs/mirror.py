@@ -1,6 +1,6 @@
 """The loader's side of the ``worker_processes`` arenas: each child's blocks mapped here, and their loans.
 
-A :class:`Mirror` per child (see :mod:`threadloader._procs.arena` for the
+A :class:`Mirror` per child (see :mod:`threadloader.procs.arena` for the
 child's side and the whole design) keeps the child's shared-memory blocks
 mapped once each, rebuilds a result's arena tensors over them (:func:`loads`)
 and lends them to the consumer: when the last tensor, view or array of a batch
@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import _fork
+from .._platform import fork as _fork
 
 __all__ = ["Mirror", "discard", "loads", "mirror_count"]
 
@@ -200,7 +200,7 @@ def discard(data: bytes, arena: tuple[Any, ...]) -> None:
 
     For a result nobody reads (its pool stops): the storages and the
     tensors torch sent in it are received and let go of (see
-    :meth:`threadloader._procs.wire.Parcel.discard`).
+    :meth:`threadloader.procs.wire.Parcel.discard`).
 
     Raises:
         Exception: whatever unpickling raises.

@@ -43,17 +43,17 @@ import numpy as np
 import torch
 import torch.multiprocessing as torch_mp
 
-from .. import _fork, _torch_compat
-from .._engine.pool import JOIN_BUDGET_S
-from .._engine.protocol import STOPPED_MESSAGE, Job, Kind, Message, PoolFactory, ProcessDeath, WorkerConfig
-from .._engine.worker_loop import pin_task
-from .._torch_compat import ExceptionWrapper
+from .._platform import fork as _fork, torch_compat as _torch_compat
+from ..engine.thread_pool import JOIN_BUDGET_S
+from ..engine.protocol import STOPPED_MESSAGE, Job, Kind, Message, PoolFactory, ProcessDeath, WorkerConfig
+from ..engine.worker_loop import pin_task
+from .._platform.torch_compat import ExceptionWrapper
 from .mirror import Mirror
 from .child import POLL_S, child_main
 from .counters import COLUMNS, CPU, ArrayCounters
 from .wire import NEW_EPOCH, RELEASED, Parcel, ReceiveError
 
-__all__ = ["ProcessPool", "check_worker_processes", "process_pool"]
+__all__ = ["ProcessPool", "check_worker_processes", "process_pool_factory"]
 
 #: How long a dead child's exit code may take to appear when another thread reaps it.
 EXIT_CODE_WAIT_S = 1.0
@@ -115,7 +115,7 @@ def check_worker_processes(worker_processes: Any, num_workers: int) -> None:
         )
 
 
-def process_pool(num_processes: int, mp_context: Any = None, prefetch_factor: int = 2) -> PoolFactory:
+def process_pool_factory(num_processes: int, mp_context: Any = None, prefetch_factor: int = 2) -> PoolFactory:
     """The engine's pool factory for ``worker_processes``: see :class:`ProcessPool` for the arguments."""
 
     def make(cfg: WorkerConfig) -> ProcessPool:
@@ -173,7 +173,7 @@ class _Child:
         receiver an end of file, not a read that waits for ever for the rest of
         the message. Closed right after the child started, so children started
         later do not inherit it; a process forked before that, by another
-        thread, gets ``/dev/null`` in its place (:mod:`threadloader._fork`).
+        thread, gets ``/dev/null`` in its place (:mod:`threadloader._platform.fork`).
         """
         writer = self._writer()
         if writer is not None and not writer.closed:
@@ -226,7 +226,7 @@ class _Inbox:
 
 
 class ProcessPool:
-    """The engine's :class:`~threadloader._engine.protocol.Pool`, over child processes.
+    """The engine's :class:`~threadloader.engine.protocol.Pool`, over child processes.
 
     Args:
         cfg: what every worker needs (pinning, if asked, happens in the parent).

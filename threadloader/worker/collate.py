@@ -6,7 +6,7 @@ threads share the consumer's memory already, so that allocation is pure cost:
 there the batch is stacked into this process's memory. In a
 ``worker_processes`` child the batch does travel to the parent: it is stacked
 into the child's arena of reused shared-memory blocks
-(:mod:`threadloader._procs.arena`), which saves a fresh segment per batch.
+(:mod:`threadloader.procs.arena`), which saves a fresh segment per batch.
 Anywhere else (a DataLoader worker process, the main thread) torch's own
 entry runs. :func:`install` puts :func:`collate_tensor` in
 ``default_collate_fn_map`` (through the torch adapter).
@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from . import _context, _torch_compat
+from . import context as _context
+from .._platform import torch_compat as _torch_compat
 
 __all__ = ["collate_tensor", "install"]
 

@@ -62,7 +62,7 @@ def mark_child_process(arena: Any) -> None:
     """Record that this process is a threadloader worker process (called once, in the child).
 
     Args:
-        arena: its ``threadloader._procs.arena.ChildArena``, where batches
+        arena: its ``threadloader.procs.arena.ChildArena``, where batches
             for the loader's process are built.
     """
     global _arena

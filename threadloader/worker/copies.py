@@ -39,8 +39,8 @@ import numpy as np
 import torch
 from torch.utils.data import ChainDataset, ConcatDataset, IterableDataset, Subset
 
-from . import _rng
-from ._datapipes import is_datapipe, worker_copy
+from . import rng as _rng
+from .datapipes import is_datapipe, worker_copy
 
 __all__ = ["WorkerParts", "retire", "worker_dataset", "worker_parts"]
 

@@ -5,8 +5,8 @@ DataLoader still serves ``torch.utils.data`` DataPipe graphs (``IterableWrapper
 the graph, seeds its random pipes with one seed shared by all workers (so they
 shuffle alike, then each keeps its shard), and shards it in an extra
 ``worker_init_fn`` run before the user's. Worker threads do the same to their
-own copy (:func:`threadloader._torch_compat.datapipe_worker_copy`, made with the
-worker's other copies in :mod:`threadloader._replica`).
+own copy (:func:`threadloader._platform.torch_compat.datapipe_worker_copy`, made with the
+worker's other copies in :mod:`threadloader.worker.copies`).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import torch.distributed as dist
 from torch.utils.data import IterDataPipe, MapDataPipe, get_worker_info
 from torch.utils.data.graph_settings import apply_random_seed, apply_sharding
 
-from ._fork import renew_after_fork
-from ._torch_compat import datapipe_worker_copy
+from .._platform.fork import renew_after_fork
+from .._platform.torch_compat import datapipe_worker_copy
 
 __all__ = ["graph_lock", "is_datapipe", "peek_shared_seed", "seed_graph", "sharding_init_fn", "worker_copy"]
 
@@ -42,7 +42,7 @@ def graph_lock(dataset: Any) -> ContextManager[Any]:
 
 
 def worker_copy(dataset: Any) -> Any:
-    """A worker's own copy of a DataPipe graph (:func:`threadloader._torch_compat.datapipe_worker_copy`)."""
+    """A worker's own copy of a DataPipe graph (:func:`threadloader._platform.torch_compat.datapipe_worker_copy`)."""
     with _GRAPH_LOCK:
         return datapipe_worker_copy(dataset)
 

@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import _collate, _rng, _torch_compat
+from . import collate as _collate, rng as _rng
+from .._platform import torch_compat as _torch_compat
 
 _torch_compat.install()
 _collate.install()
@@ -42,7 +43,7 @@ def enter_worker(worker_id: int, num_workers: int, base_seed: int, dataset: Any,
         worker_id: 0 .. num_workers - 1.
         num_workers: the loader's ``num_workers``.
         base_seed: the seed the iterator drew from the loader's generator.
-        dataset: the dataset the worker reads (its copy: :func:`threadloader._replica.worker_parts`).
+        dataset: the dataset the worker reads (its copy: :func:`threadloader.worker.copies.worker_parts`).
         process_wide: the worker is the only one in its (child) process: its
             info is also the process's, and its draws come from the process's
             generators (seeded by :func:`seed_process`), so threads it starts

@@ -30,7 +30,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from .. import _rng
+from . import rng as _rng
 
 __all__ = ["CallerState", "capture", "run_inheriting"]
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from .._fork import renew_after_fork
+from .._platform.fork import renew_after_fork
 
 __all__ = ["limit_this_thread", "openmp_runtimes"]
 

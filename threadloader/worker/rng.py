@@ -37,9 +37,9 @@ from typing import Any, Callable, Iterable
 import torch
 from torch.overrides import TorchFunctionMode
 
-from . import _torch_compat
-from ._fork import renew_after_fork
-from ._torch_compat import numpy_seed_state
+from .._platform import torch_compat as _torch_compat
+from .._platform.fork import renew_after_fork
+from .._platform.torch_compat import numpy_seed_state
 
 try:
     import numpy as _np
