@@ -185,9 +185,8 @@ def test_collate_allocates_pinned_when_requested() -> None:
 # --- pending resize: decode_image(size=...) resizes straight into the batch --------
 
 def _jpeg(h: int, w: int, seed: int) -> bytes:
-    from threadloader.io._codec import jpeg
-
     from threadloader.datagen import photo_like_image
+    from threadloader.io._codec import jpeg
 
     return jpeg.encode_jpeg(np.ascontiguousarray(photo_like_image(h, w, seed)), quality=90)
 
@@ -588,11 +587,10 @@ def test_pool_granule_shares_blocks_between_nearby_sizes() -> None:
 
 
 def test_decoded_jpegs_reuse_pooled_memory_only_after_release() -> None:
-    from threadloader.io._codec import jpeg
-
     from threadloader._pool import decode_pool
     from threadloader.datagen import photo_like_image
     from threadloader.io import decode_image
+    from threadloader.io._codec import jpeg
 
     pixels = photo_like_image(60, 80, seed=3)
     data = jpeg.encode_jpeg(pixels, quality=90, colorspace="RGB")

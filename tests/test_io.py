@@ -11,26 +11,26 @@ import zipfile
 
 import numpy as np
 import pytest
-from threadloader.io._codec import jpeg as codec
 import torch
+from helpers import require_torchvision
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from PIL import Image
 
-from helpers import require_torchvision
 from threadloader import Frame, frame_collate
 from threadloader.datagen import photo_like_image
-from threadloader.io import _turbojpeg
 from threadloader.io import (
     ImageDecodeError,
     RandomResizedCropLoader,
+    _turbojpeg,
     decode_image,
     image_size,
     load_npy,
     load_npz,
     random_resized_crop_params,
 )
+from threadloader.io._codec import jpeg as codec
 from threadloader.io._jpeg_stream import is_lossless as _is_lossless_jpeg
 from threadloader.io.image import _dct_factor
 
@@ -591,9 +591,10 @@ def test_imagefolder_with_decode_image_matches_pil_pipeline(folder) -> None:
 
 
 def test_imagefolder_thread_loader_matches_dataloader(folder) -> None:
-    from threadloader import loader as loader_mod
     from torch.utils.data import DataLoader
     from torchvision.datasets import ImageFolder
+
+    from threadloader import loader as loader_mod
 
     ds = ImageFolder(folder, loader=functools.partial(decode_image, size=(32, 32)))
     ours = loader_mod.ThreadDataLoader(ds, batch_size=4, shuffle=True, num_workers=2,

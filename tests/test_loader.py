@@ -16,16 +16,30 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import (ConcatDataset, DataLoader, Dataset, IterableDataset, SequentialSampler, Subset,
-                              get_worker_info)
+from conftest import wait_no_worker_threads, worker_threads
+from helpers import (
+    Failing,
+    Recorder,
+    Sharded,
+    Slow,
+    Squares,
+    no_sigchld_handler,
+    outcomes,
+    to_list,
+    worker_torch_generator,
+)
+from torch.utils.data import (
+    ConcatDataset,
+    DataLoader,
+    Dataset,
+    IterableDataset,
+    SequentialSampler,
+    Subset,
+    get_worker_info,
+)
 
 import threadloader
 from threadloader import ThreadDataLoader
-
-from conftest import wait_no_worker_threads, worker_threads
-from helpers import (Failing, Recorder, Sharded, Slow, Squares, no_sigchld_handler, outcomes, to_list,
-                     worker_torch_generator)
-
 
 # --- the constructor is DataLoader's ------------------------------------------------
 

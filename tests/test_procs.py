@@ -31,15 +31,14 @@ import numpy as np
 import psutil
 import pytest
 import torch
+from conftest import wait_no_worker_threads
+from helpers import Failing, Sharded, Slow, Squares, no_sigchld_handler, outcomes, to_list
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_oracle import loader_args, materialize, run_epochs
 from torch.utils.data import DataLoader, Dataset, default_collate, get_worker_info
 
 from threadloader import ThreadDataLoader, _context
-
-from conftest import wait_no_worker_threads
-from helpers import Failing, Sharded, Slow, Squares, no_sigchld_handler, outcomes, to_list
-from test_oracle import loader_args, materialize, run_epochs
 
 FORK = "fork"
 

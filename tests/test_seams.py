@@ -12,8 +12,8 @@ import pytest
 from threadloader import ThreadDataLoader
 from threadloader._moved import MOVED
 from threadloader.engine import hooks
-from threadloader.engine.thread_pool import ThreadPool, start_thread_pool
 from threadloader.engine.protocol import Job, Kind, Message, Pool
+from threadloader.engine.thread_pool import ThreadPool, start_thread_pool
 
 
 def test_the_engine_imports_neither_the_process_layer_nor_the_image_path():

@@ -10,13 +10,12 @@ import time
 import warnings
 
 import pytest
+from helpers import Slow
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from threadloader import ThreadDataLoader, stats
 from threadloader._procs import child as procs_child
 from threadloader.stats import GIL_CHECK_INTERVAL_S
-
-from helpers import Slow
 
 
 def _loop(work: int) -> int:

@@ -6,7 +6,6 @@ import threading
 import warnings
 
 import pytest
-
 import torch
 import torch.utils.data as tud
 from torch.utils.data._utils import collate as torch_collate

@@ -9,14 +9,14 @@ from typing import Any, Callable, Iterable, TypeVar, cast
 
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from .images import buffers as _pool  # noqa: F401 - registers the batch buffers' reservations (engine hooks)
 from . import procs as _procs
-from ._platform import torch_compat as _torch_compat
 from . import state as _state
-from .worker import info as _worker  # noqa: F401 - installs thread-aware worker info
+from ._platform import torch_compat as _torch_compat
 from .engine import ResumableSingleIter, ThreadedLoaderIter, start_thread_pool
 from .engine.protocol import PoolFactory
+from .images import buffers as _pool  # noqa: F401 - registers the batch buffers' reservations (engine hooks)
 from .stats.counters import LoaderStats
+from .worker import info as _worker  # noqa: F401 - installs thread-aware worker info
 
 __all__ = ["ThreadDataLoader"]
 

@@ -32,13 +32,13 @@ from typing import Any, Callable, Iterator
 
 import torch
 from torch._utils import ExceptionWrapper
-
-from .fork import renew_after_fork
 from torch.utils.data import dataloader as _dl
 from torch.utils.data._utils import collate as _collate
 from torch.utils.data._utils import pin_memory as _pin
 from torch.utils.data._utils import signal_handling as _signal_handling
 from torch.utils.data._utils import worker as _worker
+
+from .fork import renew_after_fork
 
 __all__ = [
     "BaseDataLoaderIter",

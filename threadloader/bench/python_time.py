@@ -30,10 +30,10 @@ def _native_frame_calls(
     as thin as Python allows; the difference with the path is the Python
     around them.
     """
-    from threadloader.images._codec import jpeg
     import numpy as np
 
     from threadloader._platform.torch_compat import resize_op
+    from threadloader.images._codec import jpeg
 
     h, w = size
     batch = torch.empty((batch_size, h, w, 3), dtype=torch.uint8)

@@ -20,7 +20,7 @@ hands the iterator its pool factory, and the image path registers its hooks.
 """
 
 from .iterator import ThreadedLoaderIter
-from .thread_pool import JOIN_BUDGET_S, ThreadPool, start_thread_pool
 from .single import ResumableSingleIter
+from .thread_pool import JOIN_BUDGET_S, ThreadPool, start_thread_pool
 
 __all__ = ["JOIN_BUDGET_S", "ResumableSingleIter", "ThreadPool", "ThreadedLoaderIter", "start_thread_pool"]

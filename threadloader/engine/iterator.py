@@ -34,13 +34,20 @@ from typing import Any, Callable, NoReturn
 import torch
 from torch.autograd.profiler import record_function
 
-from ..worker.datapipes import graph_lock, is_datapipe, peek_shared_seed, sharding_init_fn
-from .._platform.torch_compat import BaseDataLoaderIter, DatasetKind, ExceptionWrapper, init_base_iterator, profiler_enabled, warn_iterable_length
+from .._platform.torch_compat import (
+    BaseDataLoaderIter,
+    DatasetKind,
+    ExceptionWrapper,
+    init_base_iterator,
+    profiler_enabled,
+    warn_iterable_length,
+)
 from ..state import EpochStart, RecordsProgressOnDrop, ResumePlan, dataset_state_of, progress_record
 from ..stats.counters import LoaderStats
+from ..worker.datapipes import graph_lock, is_datapipe, peek_shared_seed, sharding_init_fn
 from . import hooks
-from .thread_pool import start_thread_pool
 from .protocol import SYNC_TASK, Job, Kind, Message, Pool, PoolFactory, ProcessDeath, ShortBatch, WorkerConfig
+from .thread_pool import start_thread_pool
 from .worker_loop import samples_in
 
 __all__ = ["ThreadedLoaderIter"]

@@ -6,8 +6,15 @@ import itertools
 from typing import Any
 
 from .._platform.torch_compat import DatasetKind, SingleProcessDataLoaderIter, create_fetcher
-from ..state import (DrawsAhead, EpochStart, RecordsProgressOnDrop, ResumePlan, dataset_state_of, generators_of,
-                     progress_record)
+from ..state import (
+    DrawsAhead,
+    EpochStart,
+    RecordsProgressOnDrop,
+    ResumePlan,
+    dataset_state_of,
+    generators_of,
+    progress_record,
+)
 
 __all__ = ["ResumableSingleIter"]
 

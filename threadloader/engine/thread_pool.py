@@ -16,11 +16,11 @@ import threading
 import time
 from typing import Any
 
-from ..worker.copies import retire, worker_parts
 from ..stats.counters import WorkerCounters
 from ..worker import inherit
-from .thread_view import WorkerThreadView
+from ..worker.copies import retire, worker_parts
 from .protocol import STOPPED_MESSAGE, Job, WorkerConfig
+from .thread_view import WorkerThreadView
 from .worker_loop import _drain, _Shared, _worker_main
 
 __all__ = ["JOIN_BUDGET_S", "ThreadPool", "start_thread_pool"]

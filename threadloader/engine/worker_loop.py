@@ -22,14 +22,15 @@ from typing import Any, Callable
 
 import torch
 
-from ..worker import context as _context, info as worker
 from .._platform.interpreter import FREE_THREADED_BUILD
-from . import hooks
-from ..worker.intraop import limit_this_thread
-from ..worker.datapipes import seed_graph
-from ..worker.copies import WorkerParts
 from .._platform.torch_compat import DatasetKind, ExceptionWrapper, create_fetcher, pin_memory
 from ..stats.counters import WorkerCounters
+from ..worker import context as _context
+from ..worker import info as worker
+from ..worker.copies import WorkerParts
+from ..worker.datapipes import seed_graph
+from ..worker.intraop import limit_this_thread
+from . import hooks
 from .protocol import SYNC_TASK, Job, Kind, Message, ShortBatch, WorkerConfig
 
 #: On a free-threaded build, how often an idle worker thread wakes to free

@@ -13,8 +13,18 @@ from typing import Any
 
 import torch
 
+from .decode import (
+    Source,
+    _check_reducing_gap,
+    _dct_factor,
+    _decode_data,
+    _edge,
+    _is_jpeg,
+    _pair,
+    _read_source,
+    _size_of,
+)
 from .frames import Frame
-from .decode import Source, _check_reducing_gap, _dct_factor, _decode_data, _edge, _is_jpeg, _pair, _read_source, _size_of
 
 __all__ = ["random_resized_crop_params", "RandomResizedCropLoader"]
 

@@ -12,8 +12,8 @@ Everything is vectorised in torch/NumPy; encoding goes through simplejpeg.
 from __future__ import annotations
 
 import json
-import shlex
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Any

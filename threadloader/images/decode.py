@@ -30,8 +30,7 @@ from typing import Any, Callable, Iterator, Sequence, Union
 
 import numpy as np
 
-from . import _turbojpeg
-from . import _jpeg_stream
+from . import _jpeg_stream, _turbojpeg
 from ._codec import jpeg
 from .buffers import decode_pool
 from .frames import Frame, _deferred

@@ -23,12 +23,13 @@ from typing import Any, Sequence
 
 import numpy as np
 import torch
+
 from .._platform import torch_compat as _torch_compat
 from .._platform.fork import renew_after_fork
 from ..worker import context as _context
 from ..worker.context import pin_memory_requested
-from .buffers import host_pool
 from ..worker.rng import routing_suspended
+from .buffers import host_pool
 
 __all__ = ["Frame", "frame_collate"]
 

@@ -27,12 +27,13 @@ from typing import Any
 
 import torch
 
-from ..worker import context as _context, info as worker
-from ..engine.thread_pool import ThreadPool
-from ..engine.protocol import WorkerConfig
 from .._platform.interpreter import FREE_THREADED_BUILD
 from .._platform.torch_compat import set_worker_signal_handlers
+from ..engine.protocol import WorkerConfig
+from ..engine.thread_pool import ThreadPool
 from ..stats.cpu import process_cpu_seconds
+from ..worker import context as _context
+from ..worker import info as worker
 from .arena import ChildArena
 from .counters import CPU, ArrayCounters
 from .wire import NEW_EPOCH, RELEASED, ParcelQueue

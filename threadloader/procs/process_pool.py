@@ -43,14 +43,15 @@ import numpy as np
 import torch
 import torch.multiprocessing as torch_mp
 
-from .._platform import fork as _fork, torch_compat as _torch_compat
-from ..engine.thread_pool import JOIN_BUDGET_S
-from ..engine.protocol import STOPPED_MESSAGE, Job, Kind, Message, PoolFactory, ProcessDeath, WorkerConfig
-from ..engine.worker_loop import pin_task
+from .._platform import fork as _fork
+from .._platform import torch_compat as _torch_compat
 from .._platform.torch_compat import ExceptionWrapper
-from .mirror import Mirror
+from ..engine.protocol import STOPPED_MESSAGE, Job, Kind, Message, PoolFactory, ProcessDeath, WorkerConfig
+from ..engine.thread_pool import JOIN_BUDGET_S
+from ..engine.worker_loop import pin_task
 from .child import POLL_S, child_main
 from .counters import COLUMNS, CPU, ArrayCounters
+from .mirror import Mirror
 from .wire import NEW_EPOCH, RELEASED, Parcel, ReceiveError
 
 __all__ = ["ProcessPool", "check_worker_processes", "process_pool_factory"]

@@ -21,9 +21,9 @@ import threading
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
-from ..worker import context as _context
 from .._platform.torch_compat import ExceptionWrapper
 from ..engine.protocol import Kind
+from ..worker import context as _context
 from .arena import forking_dumps as _dumps
 from .mirror import discard as arena_discard
 from .mirror import loads as arena_loads

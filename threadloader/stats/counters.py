@@ -12,14 +12,15 @@ import os
 import threading
 import time
 import warnings
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from .._platform.fork import renew_lock_after_fork
 from .._platform.interpreter import gil_enabled
 from . import cpu, gil
 from .gil import GIL_CHECK_INTERVAL_S
+
 
 @dataclass
 class WorkerCounters:

@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from . import context as _context
 from .._platform import torch_compat as _torch_compat
+from . import context as _context
 
 __all__ = ["collate_tensor", "install"]
 

@@ -20,8 +20,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import collate as _collate, rng as _rng
 from .._platform import torch_compat as _torch_compat
+from . import collate as _collate
+from . import rng as _rng
 
 _torch_compat.install()
 _collate.install()
