@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from threadloader.bench import (
-    CONFIGS,
     COLUMNS,
+    CONFIGS,
     add_example_arguments,
     example_data,
     format_table,

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import re
 import signal
 import threading
 import time
 from types import ModuleType
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 import torch
@@ -215,3 +216,69 @@ def held_by_another_thread(*locks: Any) -> Iterator[None]:
     finally:
         done.set()
         holder.join()
+
+
+# --- execution modes and the DataLoader oracle (tests/test_contract.py) -------------------
+
+@dataclasses.dataclass(frozen=True)
+class Mode:
+    """One way a ThreadDataLoader runs its workers: the constructor arguments that choose it.
+
+    A new mode (an adaptive one, say) is one more entry of :data:`MODES`.
+    """
+
+    name: str
+    #: Extra ThreadDataLoader arguments, given how many worker processes a test asks for.
+    extra: Callable[[int], dict[str, Any]]
+    #: Whether its workers run in child processes.
+    in_children: bool = False
+
+    def kwargs(self, processes: int = 2) -> dict[str, Any]:
+        """The arguments that select this mode (``processes``: where it has worker processes)."""
+        return self.extra(processes)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+MODES: tuple[Mode, ...] = (
+    Mode("threads", lambda processes: {}),
+    Mode("processes", lambda processes: dict(worker_processes=processes, multiprocessing_context="fork"),
+         in_children=True),
+)
+
+
+def assert_same_as_dataloader(dataset: Any, mode: Mode, *, epochs: int = 1, seed: int = 0, processes: int = 2,
+                              oracle: dict[str, Any] | None = None, check_rng: bool = True,
+                              **kwargs: Any) -> list[list[Any]]:
+    """Assert that a ThreadDataLoader in ``mode`` yields DataLoader's batches, epoch after epoch.
+
+    Both loaders are built with ``kwargs`` (DataLoader also with ``oracle``,
+    and the fork start method when it has workers) from the same global seed,
+    and iterated ``epochs`` times. ``check_rng=False`` where ``oracle`` makes
+    DataLoader draw differently (a new iterator per epoch draws a new base seed).
+
+    Returns:
+        The batches of each epoch, as nested lists.
+
+    Raises:
+        AssertionError: different batches, or the global RNG left in a different state.
+    """
+
+    def run(cls: type, **kw: Any) -> tuple[list[list[Any]], torch.Tensor]:
+        torch.manual_seed(seed)
+        loader = cls(dataset, **kw)
+        batches = [to_list(loader) for _ in range(epochs)]
+        return batches, torch.get_rng_state()
+
+    oracle_kwargs = {**kwargs, **(oracle or {})}
+    if oracle_kwargs.get("num_workers"):
+        oracle_kwargs.setdefault("multiprocessing_context", "fork")
+    expected, expected_rng = run(torch.utils.data.DataLoader, **oracle_kwargs)
+    from threadloader import ThreadDataLoader
+
+    got, got_rng = run(ThreadDataLoader, **kwargs, **mode.kwargs(processes))
+    assert got == expected, f"{mode}: not DataLoader's batches"
+    if check_rng:
+        assert torch.equal(got_rng, expected_rng), f"{mode}: the global RNG consumed differently from DataLoader"
+    return got

@@ -19,12 +19,11 @@ from multiprocessing.reduction import ForkingPickler
 import numpy as np
 import pytest
 import torch
+from helpers import held_by_another_thread
 
 from threadloader import _fork
 from threadloader._procs.arena import GRANULE, ChildArena
 from threadloader._procs.mirror import Mirror, loads, mirror_count
-
-from helpers import held_by_another_thread
 
 
 @pytest.fixture

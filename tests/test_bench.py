@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from helpers import require_torchvision
+
 from threadloader import bench
 from threadloader.__main__ import main as cli_main
 from threadloader.bench import cli, data, pipelines, report

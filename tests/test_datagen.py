@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from threadloader.io._codec import jpeg
 
 from threadloader.datagen import make_imagenet_like, photo_like_image
+from threadloader.io._codec import jpeg
 
 
 def _tree(root):

@@ -6,14 +6,13 @@ import warnings
 
 import pytest
 import torch
+from helpers import to_list
 from hypothesis import given
 from hypothesis import strategies as st
+from test_resume import _checkpoint_between_epochs, interrupted, uninterrupted
 from torch.utils.data import DataLoader, get_worker_info
 
 from threadloader import ThreadDataLoader
-
-from helpers import to_list
-from test_resume import _checkpoint_between_epochs, interrupted, uninterrupted
 
 datapipes = pytest.importorskip("torch.utils.data.datapipes")
 from torch.utils.data.datapipes.iter import IterableWrapper  # noqa: E402

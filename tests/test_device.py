@@ -6,8 +6,8 @@ import collections
 
 import pytest
 import torch
-
 from helpers import require_torchvision
+
 from threadloader.device import DeviceLoader, ImageTransform, to_device
 
 v2 = require_torchvision("transforms.v2")  # the reference transforms; skips this module without it

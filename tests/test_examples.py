@@ -8,8 +8,8 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-
 from helpers import require_torchvision
+
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 

@@ -12,11 +12,10 @@ import warnings
 
 import pytest
 import torch
+from helpers import NoStateSampler, Squares, to_list
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, get_worker_info
 
 from threadloader import ThreadDataLoader
-
-from helpers import NoStateSampler, Squares, to_list
 
 
 def roundtrip(sd):
@@ -492,8 +491,9 @@ def test_compat_finds_dataloaders_own_call_site():
     # calls the check; if torch moves that call, this says so.
     import linecache
 
-    from threadloader import _torch_compat
     from torch.utils.data import dataloader as torch_dataloader
+
+    from threadloader import _torch_compat
 
     line = _torch_compat._call_site_line(torch_dataloader.DataLoader._get_iterator, "check_worker_number_rationality")
     assert "check_worker_number_rationality()" in linecache.getline(torch_dataloader.__file__, line)

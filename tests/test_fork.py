@@ -10,10 +10,9 @@ import threading
 from pathlib import Path
 
 import pytest
+from helpers import held_by_another_thread
 
 from threadloader import _fork
-
-from helpers import held_by_another_thread
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 

@@ -190,9 +190,8 @@ def test_collate_allocates_pinned_when_requested() -> None:
 # --- pending resize: decode_image(size=...) resizes straight into the batch --------
 
 def _jpeg(h: int, w: int, seed: int) -> bytes:
-    from threadloader.io._codec import jpeg
-
     from threadloader.datagen import photo_like_image
+    from threadloader.io._codec import jpeg
 
     return jpeg.encode_jpeg(np.ascontiguousarray(photo_like_image(h, w, seed)), quality=90)
 
@@ -495,7 +494,7 @@ def test_normalize_with_pending_frames_and_labels() -> None:
     from threadloader.device import ImageTransform
 
     want = torch.empty(u8.shape, dtype=torch.float32).contiguous(memory_format=torch.channels_last)
-    ImageTransform(normalize=(MEAN, STD))._affine(u8, want)
+    ImageTransform(normalize=(MEAN, STD)).normalize_into(u8, want)
     assert torch.equal(got, want) and torch.equal(labels, labels2)
 
 
@@ -545,7 +544,7 @@ def test_normalize_runs_in_the_worker_threads() -> None:
     from threadloader.device import ImageTransform
 
     seen: set[str] = set()
-    original = ImageTransform._affine
+    original = ImageTransform.normalize_into
 
     def spy(self, x, out):
         seen.add(threading.current_thread().name)
@@ -554,11 +553,11 @@ def test_normalize_runs_in_the_worker_threads() -> None:
     frames = [_frame(4, 4, seed=i) for i in range(16)]
     loader = ThreadDataLoader(frames, batch_size=4, num_workers=2,
                               collate_fn=functools.partial(frame_collate, normalize=(MEAN, STD)))
-    ImageTransform._affine = spy
+    ImageTransform.normalize_into = spy
     try:
         got = list(loader)
     finally:
-        ImageTransform._affine = original
+        ImageTransform.normalize_into = original
     want = [frame_collate(frames[i:i + 4], normalize=(MEAN, STD)) for i in range(0, 16, 4)]
     assert all(torch.equal(a, b) for a, b in zip(got, want))
     assert seen and threading.main_thread().name not in seen
@@ -593,11 +592,10 @@ def test_pool_granule_shares_blocks_between_nearby_sizes() -> None:
 
 
 def test_decoded_jpegs_reuse_pooled_memory_only_after_release() -> None:
-    from threadloader.io._codec import jpeg
-
     from threadloader._pool import decode_pool
     from threadloader.datagen import photo_like_image
     from threadloader.io import decode_image
+    from threadloader.io._codec import jpeg
 
     pixels = photo_like_image(60, 80, seed=3)
     data = jpeg.encode_jpeg(pixels, quality=90, colorspace="RGB")
@@ -653,10 +651,10 @@ def test_threads_reading_a_pending_frame_at_once_all_get_the_frames_own_array():
 
 
 
-# --- the native batch resize (threadloader/io/_native.c) --------------------------
+# --- the native batch resize (threadloader/images/_native.c) --------------------------
 
 needs_native_resize = pytest.mark.skipif(_frames_module._native_resize is None,
-                                         reason="threadloader.io._native not built or turned off")
+                                         reason="threadloader.images._native not built or turned off")
 
 
 def _torch_resize(arr: np.ndarray, size: tuple[int, int]) -> np.ndarray:

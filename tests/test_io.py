@@ -12,27 +12,27 @@ import zipfile
 
 import numpy as np
 import pytest
-from threadloader.io._codec import jpeg as codec
 import torch
+from helpers import require_torchvision
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from PIL import Image
 
-from helpers import require_torchvision
 from threadloader import Frame, frame_collate
 from threadloader.datagen import photo_like_image
-from threadloader.io import _turbojpeg
-from threadloader.io import image as _image_module
+from threadloader.images import decode as _image_module
 from threadloader.io import (
     ImageDecodeError,
     RandomResizedCropLoader,
+    _turbojpeg,
     decode_image,
     image_size,
     load_npy,
     load_npz,
     random_resized_crop_params,
 )
+from threadloader.io._codec import jpeg as codec
 from threadloader.io._jpeg_stream import is_lossless as _is_lossless_jpeg
 from threadloader.io.image import _dct_factor
 
@@ -593,9 +593,10 @@ def test_imagefolder_with_decode_image_matches_pil_pipeline(folder) -> None:
 
 
 def test_imagefolder_thread_loader_matches_dataloader(folder) -> None:
-    from threadloader import loader as loader_mod
     from torch.utils.data import DataLoader
     from torchvision.datasets import ImageFolder
+
+    from threadloader import loader as loader_mod
 
     ds = ImageFolder(folder, loader=functools.partial(decode_image, size=(32, 32)))
     ours = loader_mod.ThreadDataLoader(ds, batch_size=4, shuffle=True, num_workers=2,
@@ -926,10 +927,10 @@ def test_formats_told_by_signature_are_the_ones_pillow_identifies(fmt):
     assert (told is not None) == (fmt in ("PNG", "GIF", "WEBP", "TIFF"))
 
 
-# --- the native reader-decoder (threadloader/io/_native.c) -----------------------
+# --- the native reader-decoder (threadloader/images/_native.c) -----------------------
 
 needs_native = pytest.mark.skipif(_image_module._native_load is None,
-                                  reason="threadloader.io._native not built, or no TurboJPEG 3 library")
+                                  reason="threadloader.images._native not built, or no TurboJPEG 3 library")
 
 
 def _python_path(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -1116,8 +1117,8 @@ def test_the_native_part_is_built_where_it_can_be() -> None:
     if os.environ.get("THREADLOADER_NATIVE") == "0":
         pytest.skip("turned off by THREADLOADER_NATIVE=0")
     try:
-        from threadloader.io import _native  # noqa: F401
+        from threadloader.images import _native  # noqa: F401
     except ImportError as e:
-        pytest.fail(f"threadloader.io._native is not built ({e}): pip install -e . builds it "
+        pytest.fail(f"threadloader.images._native is not built ({e}): pip install -e . builds it "
                     f"(or python setup.py build_ext --inplace in a checkout)")
     assert _image_module._native_load is not None

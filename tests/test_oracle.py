@@ -12,6 +12,7 @@ import threading
 
 import pytest
 import torch
+from helpers import Sharded, Squares, to_list
 from hypothesis import given
 from hypothesis import strategies as st
 from torch.utils.data import (
@@ -23,8 +24,6 @@ from torch.utils.data import (
 )
 
 from threadloader import ThreadDataLoader
-
-from helpers import Sharded, Squares, to_list
 
 
 def run_epochs(cls, dataset, epochs, seed, **kwargs):

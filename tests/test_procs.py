@@ -11,7 +11,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import gc
-import inspect
 import json
 import multiprocessing
 import os
@@ -31,15 +30,14 @@ import numpy as np
 import psutil
 import pytest
 import torch
+from conftest import wait_no_worker_threads
+from helpers import Slow, Squares, no_sigchld_handler, outcomes, to_list
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_oracle import loader_args, materialize, run_epochs
 from torch.utils.data import DataLoader, Dataset, default_collate, get_worker_info
 
 from threadloader import ThreadDataLoader, _context
-
-from conftest import wait_no_worker_threads
-from helpers import Failing, Sharded, Slow, Squares, no_sigchld_handler, outcomes, to_list
-from test_oracle import loader_args, materialize, run_epochs
 
 FORK = "fork"
 
@@ -142,16 +140,6 @@ def test_in_order_false_gives_the_same_multiset(n, batch_size, num_workers, drop
     got, _ = run_epochs(ThreadDataLoader, dataset, 1, seed, num_workers=num_workers, in_order=False,
                         worker_processes=min(num_workers, 2), multiprocessing_context=FORK, **kw)
     assert collections.Counter(map(repr, got[0])) == collections.Counter(map(repr, expected[0]))
-
-
-@pytest.mark.parametrize("num_workers,processes", [(1, 1), (3, 2), (4, 2)])
-@pytest.mark.parametrize("batch_size,drop_last", [(None, False), (3, False), (3, True)])
-def test_iterable_dataset_matches_worker_processes(num_workers, processes, batch_size, drop_last):
-    dataset = Sharded(0, 29, uneven=True)
-    kwargs = dict(batch_size=batch_size, drop_last=drop_last, num_workers=num_workers, multiprocessing_context=FORK)
-    expected = to_list(DataLoader(dataset, **kwargs))
-    loader = ThreadDataLoader(dataset, worker_processes=processes, persistent_workers=True, **kwargs)
-    assert [to_list(loader) for _ in range(2)] == [expected, expected]
 
 
 class WhoAmI(Dataset):
@@ -429,46 +417,7 @@ def test_numpy_integer_worker_processes_accepted_as_dataloader_accepts_num_worke
         ThreadDataLoader(Squares(6), num_workers=2, worker_processes=np.bool_(True))
 
 
-def test_reinstantiation_keeps_worker_processes():
-    loader = ThreadDataLoader(Squares(9), batch_size=2, num_workers=2, worker_processes=2, multiprocessing_context=FORK)
-    params = inspect.signature(type(loader).__init__).parameters
-    kwargs = {n: getattr(loader, n) for n in params if n != "self" and hasattr(loader, n) and n != "shuffle"}
-    kwargs["batch_sampler"] = None
-    clone = type(loader)(**kwargs)
-    assert clone.worker_processes == 2
-    assert to_list(clone) == to_list(DataLoader(Squares(9), batch_size=2))
-
-
 # --- errors, timeout --------------------------------------------------------------------
-
-def test_worker_exception_reraised_with_traceback_and_iterator_continues():
-    it = iter(ThreadDataLoader(Failing(8, {2}), batch_size=2, num_workers=2, worker_processes=2,
-                               multiprocessing_context=FORK))
-    assert next(it).tolist() == [0, 1]
-    with pytest.raises(ValueError) as info:
-        next(it)
-    msg = str(info.value)
-    assert "dataset index 2" in msg and "Original Traceback" in msg and "bad sample 2" in msg
-    assert [b.tolist() for b in it] == [[4, 5], [6, 7]]
-
-
-def test_worker_init_fn_exception_reaches_user():
-    def bad_init(worker_id):
-        raise KeyError("no init")
-
-    with pytest.raises(KeyError, match="worker_init_fn"):
-        list(ThreadDataLoader(Squares(4), num_workers=2, worker_processes=1, worker_init_fn=bad_init,
-                              multiprocessing_context=FORK))
-
-
-def test_timeout_raises_dataloaders_error():
-    loader = ThreadDataLoader(Slow(4, 3.0), num_workers=1, worker_processes=1, timeout=0.3,
-                              multiprocessing_context=FORK)
-    t0 = time.monotonic()
-    with pytest.raises(RuntimeError, match=r"^DataLoader timed out after 0.3 seconds$"):
-        next(iter(loader))
-    assert time.monotonic() - t0 < 2.5
-
 
 def test_killed_worker_process_raises_once_then_the_others_go_on():
     it = iter(ThreadDataLoader(Slow(100, 0.02), num_workers=4, worker_processes=2, multiprocessing_context=FORK))
@@ -801,30 +750,6 @@ def test_result_that_cannot_be_sent_raises_instead_of_hanging():
 
 # --- shutdown on every exit path -----------------------------------------------------------
 
-@pytest.mark.parametrize("how", ["exhaust", "break", "raise", "persistent_del", "cycle"])
-def test_processes_stop_on_every_exit_path(how):
-    loader = ThreadDataLoader(Slow(60, 0.001), batch_size=2, num_workers=3, worker_processes=2,
-                              persistent_workers=how == "persistent_del", multiprocessing_context=FORK)
-    if how == "exhaust":
-        assert len(list(loader)) == 30
-    elif how == "break":
-        for i, _ in enumerate(loader):
-            if i == 3:
-                break
-    elif how == "raise":
-        with pytest.raises(ZeroDivisionError):
-            for _ in loader:
-                1 / 0
-    elif how == "persistent_del":
-        list(loader)
-        assert len(_children()) >= 2
-        del loader
-    else:
-        it = iter(loader)
-        next(it)
-        holder = {"it": it}
-        holder["self"] = holder  # only the cycle collector frees it
-        del it, holder
     # the fixture checks processes, threads, fds and /dev/shm
 
 
@@ -1063,10 +988,10 @@ def test_pools_started_at_once_from_two_threads_keep_their_result_pipes_apart():
     # open for writing in the parent kept it: that other child's receiver then
     # waited for ever on a message cut short by its child's death (no end of
     # file), and the consumer hung. Seen in 8 of 30 concurrent starts.
-    from threadloader._engine.worker_loop import _Config
+    from threadloader._engine.protocol import WorkerConfig
     from threadloader._procs import ProcessPool
 
-    cfg = _Config(dataset=list(range(4)), kind=0, auto_collation=False, collate_fn=lambda x: x, drop_last=False,
+    cfg = WorkerConfig(dataset=list(range(4)), kind=0, auto_collation=False, collate_fn=lambda x: x, drop_last=False,
                   base_seed=0, init_fn=None, num_workers=1, pin=False, pin_device=None, device_index=None)
     for _ in range(12):
         pools: dict[str, ProcessPool] = {}
@@ -1120,28 +1045,6 @@ def test_a_private_pipe_end_reaches_only_its_owners_forked_child():
 
 
 # --- resume, stats, pinning ---------------------------------------------------------------
-
-@pytest.mark.parametrize("in_order", [True, False])
-def test_resume_mid_epoch(in_order):
-    def make():
-        return ThreadDataLoader(Squares(30), batch_size=3, shuffle=True, num_workers=3, worker_processes=2,
-                                generator=torch.Generator().manual_seed(3), in_order=in_order,
-                                multiprocessing_context=FORK)
-
-    full = to_list(make())
-    loader = make()
-    it = iter(loader)
-    head = [to_list([next(it)])[0] for _ in range(4)]
-    state = loader.state_dict()
-    del it, loader
-    resumed = make()
-    resumed.load_state_dict(state)
-    rest = to_list(resumed)
-    if in_order:
-        assert head + rest == full
-    else:
-        assert sorted(map(repr, head + rest)) == sorted(map(repr, full))
-
 
 def test_stats_count_the_childrens_work():
     loader = ThreadDataLoader(Slow(24, 0.002), batch_size=4, num_workers=2, worker_processes=2,

@@ -21,12 +21,11 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from conftest import wait_no_worker_threads
 from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate, get_worker_info
 
 from threadloader import ThreadDataLoader
 from threadloader._replica import worker_dataset, worker_parts
-
-from conftest import wait_no_worker_threads
 
 
 class _Jitter:

@@ -9,13 +9,12 @@ import time
 
 import pytest
 import torch
+from helpers import NoStateSampler, Sharded, Slow, Squares, to_list
 from hypothesis import given
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler, Sampler
 
 from threadloader import ThreadDataLoader
-
-from helpers import NoStateSampler, Sharded, Slow, Squares, to_list
 
 EPOCHS = 3
 

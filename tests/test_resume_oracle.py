@@ -18,13 +18,12 @@ import warnings
 
 import pytest
 import torch
+from helpers import to_list
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from threadloader import ThreadDataLoader
-
-from helpers import to_list
 
 stateful = pytest.importorskip("torchdata.stateful_dataloader")
 StatefulDataLoader = stateful.StatefulDataLoader

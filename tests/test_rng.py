@@ -508,8 +508,7 @@ def test_frame_collate_runs_outside_the_routing_mode_and_keeps_it() -> None:
     # worker still gets its draws routed afterwards.
     import numpy as np
 
-    from threadloader import Frame, ThreadDataLoader, frame_collate
-    from threadloader import _rng, _torch_compat
+    from threadloader import Frame, ThreadDataLoader, _rng, _torch_compat, frame_collate
 
     seen = []
 

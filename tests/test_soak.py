@@ -9,8 +9,8 @@ from __future__ import annotations
 import gc
 import importlib.util
 import threading
-import types
 import time
+import types
 import weakref
 from pathlib import Path
 from typing import Iterator

@@ -10,13 +10,12 @@ import time
 import warnings
 
 import pytest
+from helpers import Slow
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from threadloader import ThreadDataLoader, stats
 from threadloader._procs import child as procs_child
 from threadloader.stats import GIL_CHECK_INTERVAL_S
-
-from helpers import Slow
 
 
 def _loop(work: int) -> int:
@@ -91,8 +90,8 @@ def gil_warnings(monkeypatch, machine, seconds: float = 3 * GIL_CHECK_INTERVAL_S
     # a free-threaded Python with the GIL off, the check must stay silent.
     if gil is not None:
         monkeypatch.setattr(sys, "_is_gil_enabled", lambda: gil, raising=False)
-    monkeypatch.setattr(stats, "system_cpu_seconds", machine)
-    monkeypatch.setattr(stats, "process_cpu_seconds", one_core)
+    monkeypatch.setattr(stats.cpu, "system_cpu_seconds", machine)
+    monkeypatch.setattr(stats.cpu, "process_cpu_seconds", one_core)
     dataset = PythonLoop(100_000) if dataset is None else dataset
     loader = ThreadDataLoader(dataset, batch_size=4, num_workers=2, **loader_kwargs)
     with warnings.catch_warnings(record=True) as caught:
@@ -182,7 +181,7 @@ def test_warns_when_the_threads_of_worker_processes_are_gil_bound(monkeypatch, n
     # inherit the faked CPU clock: each uses one core's worth.
     monkeypatch.setattr(sys, "_is_gil_enabled", lambda: True, raising=False)  # simulated on a free-threaded build too
     monkeypatch.setattr(procs_child, "process_cpu_seconds", one_core)
-    monkeypatch.setattr(stats, "system_cpu_seconds", only_this_process_busy)
+    monkeypatch.setattr(stats.cpu, "system_cpu_seconds", only_this_process_busy)
     loader = ThreadDataLoader(PythonLoop(100_000), batch_size=4, num_workers=num_workers,
                               worker_processes=worker_processes, multiprocessing_context="fork")
     with warnings.catch_warnings(record=True) as caught:
@@ -214,7 +213,7 @@ def test_no_gil_warning_when_one_thread_of_a_worker_process_does_all_the_work(mo
     # of the GIL: the other thread idles. Its average share (0.5) warned.
     monkeypatch.setattr(sys, "_is_gil_enabled", lambda: True, raising=False)
     monkeypatch.setattr(procs_child, "process_cpu_seconds", one_core)
-    monkeypatch.setattr(stats, "system_cpu_seconds", only_this_process_busy)
+    monkeypatch.setattr(stats.cpu, "system_cpu_seconds", only_this_process_busy)
     loader = ThreadDataLoader(OneBusyWorker(), batch_size=4, num_workers=2, worker_processes=1,
                               multiprocessing_context="fork")
     with warnings.catch_warnings(record=True) as caught:
@@ -228,7 +227,7 @@ def test_no_gil_warning_when_the_threads_of_a_worker_process_wait_on_io(monkeypa
     # Busy threads (sleeping in their fetch) whose process uses almost no CPU:
     # not the GIL. The children's CPU clock is real here.
     monkeypatch.setattr(sys, "_is_gil_enabled", lambda: True, raising=False)
-    monkeypatch.setattr(stats, "system_cpu_seconds", only_this_process_busy)
+    monkeypatch.setattr(stats.cpu, "system_cpu_seconds", only_this_process_busy)
     loader = ThreadDataLoader(Slow(100_000, 0.01), batch_size=4, num_workers=2, worker_processes=1,
                               multiprocessing_context="fork")
     with warnings.catch_warnings(record=True) as caught:

@@ -16,11 +16,10 @@ import threading
 import numpy as np
 import pytest
 import torch
+from helpers import to_list
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from threadloader import Frame, ThreadDataLoader, frame_collate
-
-from helpers import to_list
 
 
 class RandomSamples(Dataset):

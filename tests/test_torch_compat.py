@@ -6,7 +6,6 @@ import threading
 import warnings
 
 import pytest
-
 import torch
 import torch.utils.data as tud
 from torch.utils.data._utils import collate as torch_collate
@@ -70,8 +69,11 @@ def test_numpy_seed_state_matches_torchs_worker_seeding():
 
 
 def test_default_collate_skips_shared_memory_only_in_our_threads():
+    from threadloader import _collate
+
     compat.install()
-    assert torch_collate.default_collate_fn_map[torch.Tensor] is compat._collate_tensor_without_shm
+    _collate.install()
+    assert torch_collate.default_collate_fn_map[torch.Tensor] is _collate.collate_tensor
     batch = [torch.ones(2), torch.zeros(2)]
     compat.set_thread_worker_info(compat.make_worker_info(0, 1, 0, dataset=None))
     try:

@@ -8,6 +8,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from . import _moved
+
+_moved.install()  # the modules' old import paths (threadloader.frames, threadloader.device, ...)
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -24,9 +28,9 @@ __all__ = [
 _LAZY = {
     "ThreadDataLoader": "threadloader.loader",
     "get_worker_info": "threadloader.worker",
-    "Frame": "threadloader.frames",
-    "frame_collate": "threadloader.frames",
-    "to_device": "threadloader.device",
+    "Frame": "threadloader.images.frames",
+    "frame_collate": "threadloader.images.frames",
+    "to_device": "threadloader.images.device",
     "io": "threadloader.io",
 }
 

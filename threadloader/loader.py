@@ -5,15 +5,18 @@ from __future__ import annotations
 import contextlib
 import os
 import weakref
-from typing import Any, Callable, Iterable, Iterator, TypeVar
+from typing import Any, Callable, Iterable, TypeVar, cast
 
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from . import _procs, _torch_compat
+from . import procs as _procs
 from . import resume as _state
-from . import worker as _worker  # noqa: F401 - installs thread-aware worker info
-from ._engine import ResumableSingleIter, ThreadedLoaderIter
-from .stats import LoaderStats
+from ._platform import torch_compat as _torch_compat
+from .engine import ResumableSingleIter, ThreadedLoaderIter, start_thread_pool
+from .engine.protocol import PoolFactory
+from .images import buffers as _pool  # noqa: F401 - registers the batch buffers' reservations (engine hooks)
+from .stats.counters import LoaderStats
+from .worker import info as _worker  # noqa: F401 - installs thread-aware worker info
 
 __all__ = ["ThreadDataLoader"]
 
@@ -110,7 +113,7 @@ class ThreadDataLoader(DataLoader[_T_co]):
         # load raises, instead of raising itself (see state_dict).
         self._defer_checkpoint_errors = False
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> _torch_compat.BaseDataLoaderIter:
         stale = self._iterator
         if stale is not None and getattr(stale, "owner_pid", None) not in (None, os.getpid()):
             # persistent_workers in a forked process: the workers are the
@@ -147,13 +150,21 @@ class ThreadDataLoader(DataLoader[_T_co]):
             # is attributed to the same place (torch.utils.data.dataloader).
             _torch_compat.check_worker_number_rationality(self)
             _procs.check_worker_processes(self.worker_processes, self.num_workers)  # it is a plain attribute
-            it = ThreadedLoaderIter(self, plan)
+            it = ThreadedLoaderIter(self, plan, self._pool_factory())
             if self._last_stats is not None and self._last_stats.gil_warned:
                 it.stats.gil_warned = True  # the GIL warning is given once per loader, not per epoch
             self._last_stats = it.stats
         self._progress_box = it.progress_box = _state.ProgressBox()
         self._live_iterator = weakref.ref(it)
         return it
+
+    def _pool_factory(self) -> PoolFactory:
+        """How the next iterator runs its workers: threads of this process, or ``worker_processes`` children."""
+        if self.worker_processes:
+            # An int here: DataLoader sets prefetch_factor (2 by default) when there are workers.
+            return _procs.process_pool_factory(self.worker_processes, self.multiprocessing_context,
+                                               cast(int, self.prefetch_factor))
+        return start_thread_pool
 
     def stats(self) -> LoaderStats | None:
         """Statistics of the most recent threaded iterator (None before one).
@@ -209,7 +220,7 @@ class ThreadDataLoader(DataLoader[_T_co]):
                 progress = it.progress()
                 persistent_base_seed = worker_states = None
                 if progress is None and self.persistent_workers and self.num_workers > 0:
-                    persistent_base_seed = int(it._base_seed)
+                    persistent_base_seed = int(_torch_compat.base_seed_of(it))
                     worker_states = it.next_epoch_worker_states()  # its workers' copies go on
                 return _state.make_state(self, progress, persistent_base_seed, worker_states)
             finally:
@@ -236,7 +247,7 @@ class ThreadDataLoader(DataLoader[_T_co]):
         """
         plan = _state.plan_from_state(self, state_dict)
         if self._iterator is not None:  # a persistent iterator of an older position
-            self._iterator._shutdown_workers()
+            _torch_compat.shutdown_workers(self._iterator)
             self._iterator = None
         self._progress_box = None
         self._live_iterator = None  # an older iterator's position is no longer the loader's

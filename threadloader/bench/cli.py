@@ -31,8 +31,6 @@ from threadloader.bench.data import (
 )
 from threadloader.bench.kernel_bound import kernel_bound_rate, kernel_bound_rows
 from threadloader.bench.measure import error_line, run_comparison
-from threadloader.bench.python_time import python_time_per_image
-from threadloader.bench.usage import usable_cores
 from threadloader.bench.pipelines import (
     ALL_LOADERS,
     BASELINE,
@@ -41,6 +39,7 @@ from threadloader.bench.pipelines import (
     import_torchvision,
     supports_worker_processes,
 )
+from threadloader.bench.python_time import python_time_per_image
 from threadloader.bench.report import (
     COLUMNS,
     CsvRows,
@@ -51,6 +50,7 @@ from threadloader.bench.report import (
     summarize,
     write_plot,
 )
+from threadloader.bench.usage import usable_cores
 
 __all__ = [
     "PROG",

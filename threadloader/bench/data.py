@@ -60,7 +60,7 @@ def image_problem(path: str | os.PathLike[str]) -> str | None:
     if not data:
         return "empty file"
     if data[:2] == b"\xff\xd8":
-        from ..io._codec import jpeg
+        from ..images._codec import jpeg
 
         try:
             jpeg.decode_jpeg_header(data)
@@ -139,7 +139,7 @@ def prepare_dataset(
         if not path.is_dir():
             raise FileNotFoundError(f"data root {str(path)!r} is not a directory")
         return path
-    from threadloader.datagen import make_imagenet_like
+    from threadloader.images.datagen import make_imagenet_like
 
     base = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
     # One folder per shape of data set, so quick/smoke/full runs never regenerate each other's.

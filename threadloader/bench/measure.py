@@ -15,7 +15,12 @@ from typing import Any
 import torch
 
 from threadloader.bench.pipelines import (
-    BASELINE, CONFIGS, LOADERS, THREADS_IN_PROCESSES, build_loader, worker_processes_for,
+    BASELINE,
+    CONFIGS,
+    LOADERS,
+    THREADS_IN_PROCESSES,
+    build_loader,
+    worker_processes_for,
 )
 from threadloader.bench.usage import usage
 

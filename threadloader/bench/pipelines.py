@@ -247,8 +247,8 @@ def build_loader(
         return _Moved(dl, device) if gpu else dl
 
     from threadloader import ThreadDataLoader
-    from threadloader.device import to_device
-    from threadloader.frames import frame_collate
+    from threadloader.images.device import to_device
+    from threadloader.images.frames import frame_collate
 
     ds = frame_dataset(root, size, is_valid_file=is_valid_file, eager=not batched)
     if num_samples is not None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from threadloader.datagen import make_imagenet_like
+from threadloader.images.datagen import make_imagenet_like
 
 __all__ = ["SMALL_IMAGE", "SMALL_SIZE", "python_time_per_image"]
 
@@ -30,10 +30,10 @@ def _native_frame_calls(
     as thin as Python allows; the difference with the path is the Python
     around them.
     """
-    from threadloader.io._codec import jpeg
     import numpy as np
 
-    from threadloader._torch_compat import resize_op
+    from threadloader._platform.torch_compat import resize_op
+    from threadloader.images._codec import jpeg
 
     h, w = size
     batch = torch.empty((batch_size, h, w, 3), dtype=torch.uint8)
@@ -75,8 +75,9 @@ def _path_minus_native(
         JPEG of ``files`` is a sample of the ImageFolder at ``root``.
     """
     from threadloader import ThreadDataLoader
+    from threadloader._platform.torch_compat import shutdown_workers
     from threadloader.bench.pipelines import frame_dataset
-    from threadloader.frames import frame_collate
+    from threadloader.images.frames import frame_collate
 
     jpegs = [f for f in files if f.suffix.lower() in (".jpg", ".jpeg")][:images]
     if not jpegs:
@@ -107,7 +108,7 @@ def _path_minus_native(
         finally:
             # Joins the worker now: a worker's error keeps the iterator in its
             # traceback, which the caller may hold for as long as it likes.
-            it._shutdown_workers()
+            shutdown_workers(it)
             del it, loader
         _native_frame_calls(paths[:batch_size], (size, size), batch_size)  # warm-up
         natives.append(_native_frame_calls(paths, (size, size), batch_size))

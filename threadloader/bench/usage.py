@@ -23,7 +23,7 @@ import resource
 import time
 from dataclasses import dataclass
 
-from ..stats import usable_cpus
+from ..stats.cpu import usable_cpus
 
 __all__ = ["Usage", "usage", "usable_cores"]
 

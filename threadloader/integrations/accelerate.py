@@ -36,7 +36,7 @@ import contextlib
 import threading
 from typing import Any, Iterator
 
-from .._fork import renew_after_fork
+from .._platform.fork import renew_after_fork
 from ..loader import ThreadDataLoader
 
 __all__ = ["prepare", "prepare_data_loader", "skip_first_batches"]

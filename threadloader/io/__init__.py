@@ -14,9 +14,9 @@
 
 from __future__ import annotations
 
-from .arrays import load_npy, load_npz
-from .crop import RandomResizedCropLoader, random_resized_crop_params
-from .image import ImageDecodeError, Source, decode_image, image_size
+from ..images.arrays import load_npy, load_npz
+from ..images.crop import RandomResizedCropLoader, random_resized_crop_params
+from ..images.decode import ImageDecodeError, Source, decode_image, image_size
 
 __all__ = [
     "ImageDecodeError",

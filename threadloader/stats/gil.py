@@ -1,0 +1,148 @@
+"""The GIL diagnosis: whether busy worker threads take turns on one GIL, and the warning that says so."""
+
+from __future__ import annotations
+
+import os
+import sys
+from types import FrameType
+from typing import Any
+
+__all__ = ["FREE_CORE_THRESHOLD", "GIL_CHECK_INTERVAL_S", "GIL_WARNING", "GIL_WARNING_PROCESSES", "Sample",
+           "caller_stacklevel", "gil_bound", "verdict"]
+
+#: Seconds between checks of whether the workers are GIL-bound.
+GIL_CHECK_INTERVAL_S = 1.0
+
+#: Idle cores (machine-wide, averaged over a window) below which the machine
+#: counts as full: busy threads then wait for a core, not for the GIL.
+FREE_CORE_THRESHOLD = 0.5
+
+GIL_WARNING = (
+    "ThreadDataLoader: the {workers} worker threads were busy {util:.0%} of the last {window:.1f}s but used only "
+    "{cores:.2f} CPU cores together while the training loop waited for data{free}: the dataset's Python code "
+    "most likely holds the GIL, so these threads take turns "
+    "instead of running in parallel and more workers will not load faster. Release the GIL in the expensive "
+    "step: do it in a library call that releases it (NumPy/torch operations, Pillow or "
+    "threadloader.io.decode_image for images, zlib, file reads) instead of a Python loop, or spread the "
+    "threads over worker processes with ThreadDataLoader(..., worker_processes=P)."
+)
+
+#: The same verdict for the threads of ``worker_processes`` children: each
+#: process's threads take turns on that process's GIL.
+GIL_WARNING_PROCESSES = (
+    "ThreadDataLoader: the worker threads of {procs} of the {processes} worker processes were busy {util:.0%} of "
+    "the last {window:.1f}s but each of those processes used only {cores:.2f} CPU cores while the training loop "
+    "waited for data{free}: the dataset's Python code most likely holds the GIL, so the {threads} threads of a "
+    "process take turns instead of running in parallel. Release the GIL in the expensive step (a library call "
+    "that releases it instead of a Python loop), or run fewer threads per process: worker_processes={processes} "
+    "now, at most num_workers={workers}."
+)
+
+#: The threadloader package's folder (this module's parent's parent).
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_TORCH_DATA_DIR = os.sep + os.path.join("torch", "utils", "data") + os.sep
+
+#: One sample of the counters: (workers' fetch seconds, this process's CPU seconds, the consumer's
+#: wait seconds, the machine's CPU seconds (``system_cpu_seconds``), per child: (its workers' fetch
+#: seconds, its CPU seconds)).
+Sample = tuple[float, float, float, Any, Any]
+
+
+def caller_stacklevel() -> int:
+    """``stacklevel`` that makes ``warnings`` name the user's line (the caller of ``next()``).
+
+    Counted from the function calling this one, skipping threadloader's own
+    frames and torch's data-loading frames between it and the user's code.
+    """
+    frame: FrameType | None = sys._getframe(2)  # the caller of the function that warns
+    level = 2
+    while frame is not None:
+        name = os.path.abspath(frame.f_code.co_filename)
+        if not (name.startswith(_PACKAGE_DIR) or _TORCH_DATA_DIR in name):
+            return level
+        frame = frame.f_back
+        level += 1
+    return 1
+
+
+def gil_bound(util: float, cores: float, min_util: float = 0.6) -> bool:
+    """Busy threads that together use about one core: they take turns on a GIL (False on NaN)."""
+    return util >= min_util and 0.5 <= cores <= 1.15
+
+
+#: The busy share above which a child's threads count as busy. Lower than in
+#: this process: a child's dispatcher needs its GIL to hand each job over, so
+#: GIL-bound threads there also wait for jobs, outside their fetch (measured
+#: 0.50-0.62 with two threads of pure Python in one child on 2 cores).
+_CHILD_MIN_UTIL = 0.4
+
+#: The busy share from which a child's thread counts as one of its busy threads.
+_CHILD_BUSY_THREAD = 0.25
+
+
+def verdict(before: Sample, after: Sample, window: float, *, num_workers: int, usable_cores: int, narrowed: bool,
+            workers_here: bool, group_sizes: list[int]) -> str | None:
+    """The GIL warning for the window between two samples, or None: the workers do not look GIL-bound.
+
+    Threads that run Python code take turns on the GIL: however many there
+    are, together they use about one core, while each one looks busy
+    (waiting for the GIL counts as busy). I/O-bound workers use little CPU,
+    and code that releases the GIL -- or hands work to a library's own
+    thread pool -- uses more than one core, so neither matches. The
+    process's CPU time is used, so pools' threads count. A machine whose
+    cores are all taken (by other processes too) looks the same from
+    inside the process: busy threads, one core's worth of CPU. So the
+    machine-wide CPU use is read beside the process's, and the dataset is
+    blamed only when at least :data:`FREE_CORE_THRESHOLD` of a core stood
+    idle. Nothing is said while the training loop rarely waits for data.
+    Workers in ``worker_processes`` children cost this process no CPU: each
+    child's dispatcher samples its own CPU time into the shared counters, and
+    a child whose threads (two or more) are busy on about one core is
+    GIL-bound the same way (one is enough for the warning, which then
+    advises fewer threads per process).
+
+    Args:
+        before, after: the two samples (see :data:`Sample`).
+        window: seconds between them (> 0).
+        num_workers: the loader's workers.
+        usable_cores: the cores this process may use.
+        narrowed: whether those are fewer than the machine's (a CPU affinity).
+        workers_here: the workers are threads of this process (else of children).
+        group_sizes: the workers of each child process, in the samples' order.
+    """
+    fetch0, cpu0, wait0, sys0, children0 = before
+    fetch1, cpu1, wait1, sys1, children1 = after
+    if (wait1 - wait0) / window < 0.25:  # the training loop rarely waits: the loader is not the bottleneck
+        return None
+    if workers_here:
+        util = (fetch1 - fetch0) / (window * num_workers)
+        cores = (cpu1 - cpu0) / window
+        if not gil_bound(util, cores):
+            return None
+        template, fields = GIL_WARNING, dict(workers=num_workers)
+    else:
+        # Each child's threads share that child's GIL; this process's CPU
+        # time shows none of their work. One GIL-bound child is enough.
+        bound = []
+        for size, (f0, c0), (f1, c1) in zip(group_sizes, children0, children1):
+            shares = [(b - a) / window for a, b in zip(f0, f1)]
+            util, cores = sum(shares) / size, (c1 - c0) / window
+            # Two threads or more must have been busy: one busy thread on one
+            # core is no sign of the GIL, whatever the others do (idle, waiting).
+            busy = sum(share >= _CHILD_BUSY_THREAD for share in shares)
+            if busy >= 2 and gil_bound(util, cores, _CHILD_MIN_UTIL):
+                bound.append((util, cores, size))
+        if not bound:
+            return None
+        util, cores = min(b[0] for b in bound), max(b[1] for b in bound)
+        template = GIL_WARNING_PROCESSES
+        fields = dict(workers=num_workers, processes=len(group_sizes), procs=len(bound),
+                      threads=max(b[2] for b in bound))
+    free_text = ""
+    if sys0 is not None and sys1 is not None and sys1[1] > sys0[1]:
+        free = usable_cores - (sys1[0] - sys0[0]) / (sys1[1] - sys0[1])
+        if free < FREE_CORE_THRESHOLD:
+            return None  # the machine is full: the threads wait for a core, not for the GIL
+        where = "usable" if narrowed else "machine's"
+        free_text = f" and {free:.1f} of the {where} {usable_cores} cores stood idle"
+    return template.format(util=min(util, 1.0), window=window, cores=cores, free=free_text, **fields)

@@ -1,0 +1,513 @@
+"""Per-worker routing of the global RNG API (torch, ``random``, ``numpy.random``).
+
+Inside a DataLoader worker *process* the global RNG API is that worker's own:
+``torch._worker_loop`` seeds it with ``random.seed(seed)``,
+``torch.manual_seed(seed)`` and ``np.random.seed(_generate_state(base_seed, id))``
+(``seed = base_seed + id``). Worker *threads* share one process, so this module
+gives each worker thread its own generators, seeded the same way, and sends the
+global API there while the thread is a worker:
+
+* ``torch.manual_seed / seed / initial_seed / get_rng_state / set_rng_state``
+  are Python functions: their code objects are swapped (every alias, e.g.
+  ``torch.manual_seed`` and ``torch.random.manual_seed``, sees it). Outside a
+  worker they run torch's original code.
+* torch's sampling functions and in-place samplers called without a generator
+  (``torch.rand``, ``Tensor.uniform_``, ``nn.init.normal_``...) get the worker's
+  generator injected by a ``TorchFunctionMode`` pushed in the worker thread
+  only. torch's mode stack is thread-local, so other threads -- the training
+  loop -- never see the mode and pay nothing.
+* ``random.<f>`` and the legacy ``numpy.random.<f>`` are bound methods of
+  hidden singletons; the module attributes are replaced by functions that look
+  up the calling context's instance (the singleton outside workers).
+
+The per-worker state lives in ``contextvars`` (a thread starts with its own
+context, so this is per thread); nothing global is mutated per call, and no
+correctness depends on the GIL. ``ContextVar.get`` is the cheapest
+per-thread lookup Python offers (about half the cost of ``threading.local``).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import inspect
+import random as _random
+import threading
+from typing import Any, Callable, Iterable
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from .._platform import torch_compat as _torch_compat
+from .._platform.fork import renew_after_fork
+from .._platform.torch_compat import numpy_seed_state
+
+try:
+    import numpy as _np
+    from numpy.random import mtrand as _mtrand
+except ImportError:  # pragma: no cover - numpy is a dependency
+    _np = None
+    _mtrand = None
+
+__all__ = ["WorkerGenerators", "enter", "leave", "install", "uninstall", "installed", "numpy_seed_state"]
+
+
+class WorkerGenerators:
+    """The generators a worker thread's global RNG API acts on.
+
+    Attributes:
+        torch: CPU ``torch.Generator`` seeded with ``seed`` (torch's global API).
+        random: ``random.Random(seed)`` (the ``random`` module's functions).
+        numpy_legacy: ``numpy.random.RandomState`` seeded as ``np.random.seed``
+            seeds a worker process (the legacy ``np.random.*`` functions).
+        numpy: a NumPy ``Generator`` from the same seed state (for
+            ``WorkerInfo.rng.numpy_generator``; not used by the global API).
+    """
+
+    __slots__ = ("torch", "random", "numpy_legacy", "numpy", "_mode")
+
+    def __init__(self, base_seed: int, worker_id: int) -> None:
+        seed = base_seed + worker_id
+        self.torch = torch.Generator()
+        self.torch.manual_seed(seed)
+        self.random = _random.Random(seed)
+        if _np is not None:
+            state = numpy_seed_state(base_seed, worker_id)
+            self.numpy_legacy = _np.random.RandomState(state)
+            self.numpy = _np.random.default_rng(state)
+        else:  # pragma: no cover
+            self.numpy_legacy = self.numpy = None
+        self._mode: TorchFunctionMode | None = None
+
+
+_WORKER: contextvars.ContextVar[WorkerGenerators | None] = contextvars.ContextVar(
+    "threadloader_worker_rng", default=None
+)
+#: ``random``'s hidden singleton (the module functions' instance before routing).
+PY_SINGLETON = _random._inst
+_PY_RANDOM: contextvars.ContextVar[Any] = contextvars.ContextVar("threadloader_random", default=PY_SINGLETON)
+#: NumPy's legacy singleton (``np.random.mtrand._rand`` before routing).
+_NP_SINGLETON = _mtrand._rand if _mtrand is not None else None
+_NP_LEGACY: contextvars.ContextVar[Any] = contextvars.ContextVar("threadloader_numpy_random", default=_NP_SINGLETON)
+#: This module's context variables: each worker thread sets its own, never inherits them.
+CONTEXT_VARS = frozenset({_WORKER, _PY_RANDOM, _NP_LEGACY})
+
+
+if _np is not None:
+    class _RoutedRandomState(_np.random.RandomState):
+        """``np.random.mtrand._rand`` while routing is installed: the calling context's legacy state.
+
+        scikit-learn's and SciPy's ``check_random_state(None)`` return that
+        singleton and draw through its methods, not the module functions; in
+        a worker thread they must reach the worker's ``RandomState``, as they
+        reach the worker process's own singleton under DataLoader. A subclass,
+        so ``isinstance`` checks hold; every attribute is the current one's.
+        """
+
+        def __getattribute__(self, name: str) -> Any:
+            return getattr(_NP_LEGACY.get(), name)
+
+        def __setattr__(self, name: str, value: Any) -> None:
+            setattr(_NP_LEGACY.get(), name, value)
+
+
+def is_numpy_generator(value: Any) -> bool:
+    """Whether ``value`` is a NumPy ``Generator`` or a ``RandomState`` of its own (not the legacy singleton)."""
+    if _np is None or not isinstance(value, (_np.random.Generator, _np.random.RandomState)):
+        return False
+    # The singleton and its router (their type first: the router forwards attributes).
+    return type(value) is not _RoutedRandomState and value is not _NP_SINGLETON
+
+
+# --- torch functions without a generator argument --------------------------------
+
+def _functions_taking_generator() -> frozenset:
+    """Every torch callable a TorchFunctionMode can see that accepts ``generator=``."""
+    found = set()
+    # Generator methods, not samplers.
+    for name in _torch_compat.aten_ops_taking_generator() - {"manual_seed", "seed", "initial_seed"}:
+        for ns in _torch_compat.OP_NAMESPACES:
+            fn = getattr(ns, name, None)
+            if callable(fn):
+                found.add(fn)
+    # Python-level functions that dispatch through __torch_function__ and take
+    # a generator (nn.init's initialisers): the mode sees them, not the draws
+    # they make inside, so the generator has to go in at this level.
+    for ns in (torch.nn.init, torch.nn.functional):
+        for name in dir(ns):
+            fn = getattr(ns, name)
+            if inspect.isfunction(fn):
+                try:
+                    params = inspect.signature(fn).parameters
+                except (TypeError, ValueError):  # pragma: no cover
+                    continue
+                if "generator" in params:
+                    found.add(fn)
+    return frozenset(found)
+
+
+def _has_tensor_off_cpu(values: Iterable[Any]) -> bool:
+    return any(isinstance(v, torch.Tensor) and v.device.type != "cpu" for v in values)
+
+
+#: False when called, True while torch.compile traces the call (Dynamo folds it).
+_dynamo_compiling = torch.compiler.is_dynamo_compiling
+
+
+class _RouteRandomOps(TorchFunctionMode):
+    """Injects the worker's generator into random ops called without one (CPU only)."""
+
+    def __init__(self, generator: torch.Generator, takes_generator: frozenset) -> None:
+        super().__init__()
+        self.generator = generator
+        self.takes_generator = takes_generator
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        # Runs for every torch call in the worker thread: the common path is
+        # one constant call, one set lookup and the call.
+        if _dynamo_compiling():
+            # torch.compile traces this body for every op of a compiled
+            # function; it cannot trace the whole set (InternalTorchDynamoError),
+            # only the few functions of one name. A random op given our
+            # generator breaks the graph (a generator is no graph input): it
+            # runs eagerly, routed like any other; the rest stays compiled.
+            takes = func in _TAKES_GENERATOR_BY_NAME.get(getattr(func, "__name__", None), ())
+        else:
+            takes = func in self.takes_generator
+        if takes:
+            kwargs = self._with_generator(args, kwargs)
+        if kwargs:
+            return func(*args, **kwargs)
+        return func(*args)
+
+    def _with_generator(self, args: tuple, kwargs: dict | None) -> dict | None:
+        if kwargs and kwargs.get("generator") is not None:
+            return kwargs
+        for arg in args:  # a few ops take the generator positionally (torch.poisson)
+            if isinstance(arg, torch.Generator):
+                return kwargs
+        device = kwargs.get("device") if kwargs else None
+        if device is not None:
+            if torch.device(device).type != "cpu":
+                return kwargs  # CUDA draws stay on the device's global generator
+        elif _has_tensor_off_cpu(args) or (kwargs and _has_tensor_off_cpu(kwargs.values())):
+            # The draw runs where its tensors are, by position or by keyword
+            # (torch.normal(mean=cuda_tensor, std=1.)): a CPU generator there is an error.
+            return kwargs
+        kwargs = dict(kwargs) if kwargs else {}
+        kwargs["generator"] = self.generator
+        return kwargs
+
+
+# --- torch.random's Python functions (their code runs with torch.random's globals) ----
+
+# pragma: no cover on the bodies: they run as torch's functions (coverage misses them).
+def _manual_seed(seed):  # pragma: no cover
+    gens = _threadloader_worker_rng()  # noqa: F821
+    if gens is None:
+        return _threadloader_torch_originals["manual_seed"](seed)  # noqa: F821
+    return gens.torch.manual_seed(int(seed))
+
+
+def _seed():  # pragma: no cover
+    gens = _threadloader_worker_rng()  # noqa: F821
+    if gens is None:
+        return _threadloader_torch_originals["seed"]()  # noqa: F821
+    return gens.torch.seed()
+
+
+def _initial_seed():  # pragma: no cover
+    gens = _threadloader_worker_rng()  # noqa: F821
+    if gens is None:
+        return _threadloader_torch_originals["initial_seed"]()  # noqa: F821
+    return gens.torch.initial_seed()
+
+
+def _get_rng_state():  # pragma: no cover
+    gens = _threadloader_worker_rng()  # noqa: F821
+    if gens is None:
+        return _threadloader_torch_originals["get_rng_state"]()  # noqa: F821
+    return gens.torch.get_state()
+
+
+def _set_rng_state(new_state):  # pragma: no cover
+    gens = _threadloader_worker_rng()  # noqa: F821
+    if gens is None:
+        return _threadloader_torch_originals["set_rng_state"](new_state)  # noqa: F821
+    return gens.torch.set_state(new_state)
+
+
+_TORCH_SWAPS: dict[str, Callable] = {
+    "manual_seed": _manual_seed,
+    "seed": _seed,
+    "initial_seed": _initial_seed,
+    "get_rng_state": _get_rng_state,
+    "set_rng_state": _set_rng_state,
+}
+
+
+# --- random / numpy.random module functions --------------------------------------
+
+def _forwarder(module_name: str, name: str, original: Callable, get: Callable[[], Any], exact: bool) -> Callable:
+    """A function ``name`` that calls ``get().name(...)``.
+
+    With ``exact`` the wrapper has the original's own signature (fastest: no
+    ``*args``/``**kwargs`` packing); its defaults are the original's objects,
+    so passing them on explicitly changes nothing.
+    """
+    params = None
+    if exact:
+        try:
+            params = list(inspect.signature(original).parameters.values())
+        except (TypeError, ValueError):
+            params = None
+    P = inspect.Parameter
+    if params is None:
+        header, call, defaults, kwdefaults = "*args, **kwargs", "*args, **kwargs", None, None
+    else:
+        head, passed, defaults, kwdefaults = [], [], [], {}
+        seen_pos_only = seen_kw_only = False
+        for p in params:
+            if p.kind is P.POSITIONAL_ONLY:
+                seen_pos_only = True
+            elif seen_pos_only:
+                head.append("/")
+                seen_pos_only = False
+            if p.kind is P.VAR_POSITIONAL:
+                head.append("*" + p.name)
+                passed.append("*" + p.name)
+                seen_kw_only = True
+                continue
+            if p.kind is P.VAR_KEYWORD:
+                head.append("**" + p.name)
+                passed.append("**" + p.name)
+                continue
+            if p.kind is P.KEYWORD_ONLY:
+                if not seen_kw_only:
+                    head.append("*")
+                    seen_kw_only = True
+                if p.default is not P.empty:
+                    kwdefaults[p.name] = p.default
+                head.append(p.name)
+                passed.append(f"{p.name}={p.name}")
+                continue
+            if p.default is not P.empty:
+                defaults.append(p.default)
+            head.append(p.name)
+            passed.append(p.name)
+        if seen_pos_only:
+            head.append("/")
+        header, call = ", ".join(head), ", ".join(passed)
+        defaults = tuple(defaults) or None
+        kwdefaults = kwdefaults or None
+    namespace: dict[str, Any] = {"_get": get}
+    exec(f"def {name}({header}):\n    return _get().{name}({call})\n", namespace)  # noqa: S102
+    fn = namespace[name]
+    fn.__defaults__ = defaults
+    fn.__kwdefaults__ = kwdefaults
+    fn.__module__ = module_name
+    fn.__qualname__ = name
+    fn.__doc__ = getattr(original, "__doc__", None)
+    fn.__wrapped__ = original
+    return fn
+
+
+def _numpy_special(name: str, original: Callable) -> Callable:
+    """numpy.random module functions that are not bound methods of the singleton."""
+    get = _NP_LEGACY.get
+    default = _NP_LEGACY.get()
+
+    if name in ("ranf", "sample"):  # aliases of random_sample
+        def fn(*args, **kwargs):
+            r = get()
+            return original(*args, **kwargs) if r is default else r.random_sample(*args, **kwargs)
+    elif name == "seed":
+        def fn(seed=None):
+            r = get()
+            if r is default:
+                return original(seed)
+            # As numpy's module function: a bit generator other than MT19937
+            # (set_bit_generator) is reseeded through its own type.
+            bitgen = r._bit_generator
+            if isinstance(bitgen, _np.random.MT19937):
+                return r.seed(seed)
+            bitgen.state = type(bitgen)(seed).state
+    elif name == "get_bit_generator":
+        def fn():
+            r = get()
+            return original() if r is default else r._bit_generator
+    elif name == "set_bit_generator":
+        def fn(bitgen):
+            r = get()
+            if r is default:
+                # The singleton's, as numpy's function sets it (a RandomState
+                # built on ``bitgen``). Not numpy's function itself: it acts on
+                # whatever ``mtrand._rand`` is, which is the router while
+                # routing is installed.
+                default.__init__(bitgen)
+                return None
+            # A worker's own legacy state, as set_bit_generator sets the
+            # process's in a worker process.
+            _NP_LEGACY.set(_np.random.RandomState(bitgen))
+            return None
+    else:  # pragma: no cover
+        raise AssertionError(name)
+    fn.__name__ = fn.__qualname__ = name
+    fn.__module__ = "numpy.random.mtrand"
+    fn.__doc__ = getattr(original, "__doc__", None)
+    fn.__wrapped__ = original
+    return fn
+
+
+# --- install / uninstall ----------------------------------------------------------
+
+_lock = threading.Lock()
+renew_after_fork(__name__, "_lock")
+_installed = False
+_TAKES_GENERATOR: frozenset = frozenset()
+#: The same, by ``__name__`` (what torch.compile can trace).
+_TAKES_GENERATOR_BY_NAME: dict[str, frozenset] = {}
+#: (namespace, attribute, original) for every replaced module attribute.
+_replaced: list[tuple[Any, str, Any]] = []
+_torch_code: dict[str, Any] = {}
+
+
+def installed() -> bool:
+    """Whether the global RNG API is routed (threadloader installs it on import)."""
+    return _installed
+
+
+def _swap_torch_functions() -> None:
+    mod = torch.random
+    originals = {}
+    for name, replacement in _TORCH_SWAPS.items():
+        target = getattr(mod, name)
+        code = target.__code__
+        want = list(inspect.signature(replacement).parameters)
+        have = list(inspect.signature(target).parameters)
+        if code.co_freevars or want != have:
+            raise RuntimeError(
+                f"threadloader: torch.random.{name} has an unexpected form in this torch version "
+                f"(parameters {have}); threadloader's RNG adapter needs updating"
+            )
+        # A copy of torch's function, called outside workers.
+        originals[name] = type(target)(code, target.__globals__, name, target.__defaults__, None)
+        _torch_code[name] = code
+    mod._threadloader_torch_originals = originals
+    mod._threadloader_worker_rng = _WORKER.get
+    for name, replacement in _TORCH_SWAPS.items():
+        getattr(mod, name).__code__ = replacement.__code__
+
+
+def _replace_module_functions() -> None:
+    inst = PY_SINGLETON
+    for name in dir(_random):
+        value = getattr(_random, name)
+        if getattr(value, "__self__", None) is inst:
+            fn = _forwarder("random", name, value, _PY_RANDOM.get, exact=True)
+            _replaced.append((_random, name, value))
+            setattr(_random, name, fn)
+    if _np is None:  # pragma: no cover
+        return
+    rand = _NP_SINGLETON
+    special = ("seed", "ranf", "sample", "get_bit_generator", "set_bit_generator")
+    made: dict[str, Callable] = {}
+    for ns in (_np.random, _mtrand):
+        for name in dir(ns):
+            if name.startswith("_"):
+                continue
+            value = getattr(ns, name)
+            if getattr(value, "__self__", None) is rand:
+                fn = made.get(name) or _forwarder("numpy.random.mtrand", name, value, _NP_LEGACY.get, exact=False)
+            elif name in special and callable(value):
+                fn = made.get(name) or _numpy_special(name, value)
+            else:
+                continue
+            made[name] = fn
+            _replaced.append((ns, name, value))
+            setattr(ns, name, fn)
+    _replaced.append((_mtrand, "_rand", rand))
+    _mtrand._rand = _RoutedRandomState()
+
+
+def install() -> None:
+    """Route the global RNG API of worker threads to their own generators (idempotent)."""
+    global _installed, _TAKES_GENERATOR, _TAKES_GENERATOR_BY_NAME
+    with _lock:
+        if _installed:
+            return
+        _TAKES_GENERATOR = _functions_taking_generator()
+        by_name: dict[str, set] = {}
+        for fn in _TAKES_GENERATOR:
+            by_name.setdefault(getattr(fn, "__name__", None), set()).add(fn)
+        by_name.pop(None, None)
+        _TAKES_GENERATOR_BY_NAME = {name: frozenset(fns) for name, fns in by_name.items()}
+        _swap_torch_functions()
+        _replace_module_functions()
+        _installed = True
+
+
+def uninstall() -> None:
+    """Undo :func:`install` (for benchmarks and tests; no worker may be running)."""
+    global _installed
+    with _lock:
+        if not _installed:
+            return
+        for name, code in _torch_code.items():
+            getattr(torch.random, name).__code__ = code
+        _torch_code.clear()
+        while _replaced:
+            ns, name, value = _replaced.pop()
+            setattr(ns, name, value)
+        _installed = False
+
+
+# --- worker threads --------------------------------------------------------------
+
+def enter(gens: WorkerGenerators) -> None:
+    """Make the calling thread's global RNG API act on ``gens`` until :func:`leave`."""
+    _WORKER.set(gens)
+    _PY_RANDOM.set(gens.random)
+    if gens.numpy_legacy is not None:
+        _NP_LEGACY.set(gens.numpy_legacy)
+    mode = _RouteRandomOps(gens.torch, _TAKES_GENERATOR)
+    mode.__enter__()
+    gens._mode = mode
+
+
+def leave() -> None:
+    """Give the calling thread the process-wide RNG API back."""
+    gens = _WORKER.get()
+    if gens is None:
+        return
+    mode, gens._mode = gens._mode, None
+    if mode is not None:
+        mode.__exit__(None, None, None)
+    _WORKER.set(None)
+    _PY_RANDOM.set(PY_SINGLETON)
+    if _mtrand is not None:
+        _NP_LEGACY.set(_NP_SINGLETON)
+
+
+class routing_suspended:
+    """Context in which the calling worker thread's torch calls skip the routing mode.
+
+    The mode's Python hook costs microseconds per torch call; threadloader's
+    own per-image kernels (frame collate) draw no random numbers, so they set
+    it aside. Only our mode, and only when it is the innermost one, is set
+    aside; elsewhere this does nothing.
+    """
+
+    __slots__ = ("_mode",)
+
+    def __enter__(self) -> None:
+        gens = _WORKER.get()
+        mode = gens._mode if gens is not None else None
+        if mode is not None and _torch_compat.top_function_mode() is mode:
+            _torch_compat.pop_function_mode()
+            self._mode = mode
+        else:
+            self._mode = None
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._mode is not None:
+            _torch_compat.push_function_mode(self._mode)
