@@ -9,11 +9,12 @@ from typing import Any, Callable, Iterable, TypeVar, cast
 
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from . import adaptive as _adaptive
 from . import procs as _procs
 from . import resume as _state
 from ._platform import torch_compat as _torch_compat
 from .engine import ResumableSingleIter, ThreadedLoaderIter, start_thread_pool
-from .engine.protocol import PoolFactory
+from .engine.protocol import Mode, ModeReport, PoolFactory, WorkerConfig
 from .images import buffers as _pool  # noqa: F401 - registers the batch buffers' reservations (engine hooks)
 from .stats.counters import LoaderStats
 from .worker import info as _worker  # noqa: F401 - installs thread-aware worker info
@@ -36,22 +37,29 @@ class ThreadDataLoader(DataLoader[_T_co]):
     sampler order (or as ready with ``in_order=False``).
     ``num_workers=0`` loads in the calling thread, exactly as DataLoader does.
 
-    ``worker_processes=P`` (keyword-only, default 0) spreads the
-    ``num_workers`` threads over P child processes (worker ``w`` in process
-    ``w % P``), for datasets whose Python holds the GIL; batches are built in
-    shared memory there. The contract is the same. ``multiprocessing_context``
-    picks their start method; with ``worker_processes=0`` it is validated as
-    DataLoader validates it and otherwise ignored: no process is started.
+    ``worker_processes`` (keyword-only) says where the workers run. By
+    default (None) the loader decides: its workers start as threads, and when
+    they hold the GIL (busy threads taking turns on one core while cores
+    stand idle) and their tasks are big enough, they move into child
+    processes, one worker per process, within the first seconds of the
+    epoch, each with its dataset copy and random state as they are.
+    ``stats().mode`` says which mode runs and why. ``worker_processes=0``
+    keeps threads; ``worker_processes=P`` spreads the ``num_workers`` threads
+    over P child processes from the start (worker ``w`` in process ``w % P``).
+    In processes, batches are built in shared memory. The contract is the
+    same in every mode. ``multiprocessing_context`` picks the processes'
+    start method; with threads only it is validated as DataLoader validates
+    it and otherwise ignored.
 
     Every argument is DataLoader's, with DataLoader's meaning, plus one.
 
     Args:
-        worker_processes: 0 (all workers are threads of this process) or
-            1 .. ``num_workers`` worker processes.
+        worker_processes: None (the loader decides), 0 (all workers are
+            threads of this process) or 1 .. ``num_workers`` worker processes.
 
     Raises:
         ValueError: DataLoader's errors, and a ``worker_processes`` that is
-            not an int in 0 .. ``num_workers`` (or > 0 with no workers).
+            not None or an int in 0 .. ``num_workers`` (or > 0 with no workers).
     """
 
     def __init__(
@@ -74,7 +82,7 @@ class ThreadDataLoader(DataLoader[_T_co]):
         persistent_workers: bool = False,
         pin_memory_device: str = "",
         in_order: bool = True,
-        worker_processes: int = 0,
+        worker_processes: int | None = None,
     ) -> None:
         super().__init__(
             dataset,
@@ -97,6 +105,9 @@ class ThreadDataLoader(DataLoader[_T_co]):
         )
         _procs.check_worker_processes(worker_processes, self.num_workers)
         self.worker_processes = worker_processes
+        # Where this loader's workers run and why (stats().mode); an adaptive
+        # pool updates it, and later iterators start where it ended.
+        self._mode_report: ModeReport | None = None
         self._resume_plan: _state.ResumePlan | None = None
         self._pending_plan: _state.ResumePlan | None = None
         # The latest iterator _get_iterator built, held weakly: the one
@@ -151,6 +162,7 @@ class ThreadDataLoader(DataLoader[_T_co]):
             _torch_compat.check_worker_number_rationality(self)
             _procs.check_worker_processes(self.worker_processes, self.num_workers)  # it is a plain attribute
             it = ThreadedLoaderIter(self, plan, self._pool_factory())
+            it.stats.mode_report = self._mode_report
             if self._last_stats is not None and self._last_stats.gil_warned:
                 it.stats.gil_warned = True  # the GIL warning is given once per loader, not per epoch
             self._last_stats = it.stats
@@ -159,12 +171,33 @@ class ThreadDataLoader(DataLoader[_T_co]):
         return it
 
     def _pool_factory(self) -> PoolFactory:
-        """How the next iterator runs its workers: threads of this process, or ``worker_processes`` children."""
+        """How the next iterator runs its workers: threads of this process, child processes, or the adaptive pool.
+
+        Also sets the loader's mode report (``stats().mode``).
+        """
+        # An int here: DataLoader sets prefetch_factor (2 by default) when there are workers.
+        prefetch = cast(int, self.prefetch_factor)
+        report = self._mode_report
         if self.worker_processes:
-            # An int here: DataLoader sets prefetch_factor (2 by default) when there are workers.
-            return _procs.process_pool_factory(self.worker_processes, self.multiprocessing_context,
-                                               cast(int, self.prefetch_factor))
-        return start_thread_pool
+            self._mode_report = ModeReport(Mode.PROCESSES, f"worker_processes={self.worker_processes}")
+            return _procs.process_pool_factory(self.worker_processes, self.multiprocessing_context, prefetch)
+        if self.worker_processes == 0:
+            self._mode_report = ModeReport(Mode.THREADS, "worker_processes=0")
+            return start_thread_pool
+        processes = _procs.process_pool_factory(self.num_workers, self.multiprocessing_context, prefetch)
+        if report is not None and report.settled:  # an earlier iterator moved, or could not: later ones start there
+            return processes if report.mode is Mode.PROCESSES else start_thread_pool
+        why = _adaptive.ineligible(self)
+        if why is not None:
+            self._mode_report = ModeReport(Mode.THREADS, f"adaptive: stays on threads, {why}")
+            return start_thread_pool
+        self._mode_report = report = ModeReport(Mode.THREADS,
+                                                "adaptive: the workers move into processes if they hold the GIL")
+
+        def make(cfg: WorkerConfig) -> _adaptive.AdaptivePool:
+            return _adaptive.AdaptivePool(cfg, report, processes)
+
+        return make
 
     def stats(self) -> LoaderStats | None:
         """Statistics of the most recent threaded iterator (None before one).

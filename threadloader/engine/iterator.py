@@ -49,6 +49,7 @@ from . import hooks
 from .protocol import (
     ITER_TASK,
     SYNC_TASK,
+    Adapts,
     Job,
     Kind,
     Message,
@@ -188,7 +189,8 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
         # Runs on del / garbage collection of this iterator, on explicit
         # shutdown, and at interpreter exit (weakref.finalize's atexit hook).
         self._finalizer = weakref.finalize(self, _stop_pool, self._pool, release, self._stats)
-        self._stats.bind(self._pool.counters, self._num_workers)
+        pool = self._pool
+        self._stats.bind(pool.counters, self._num_workers, pool.on_gil_bound if isinstance(pool, Adapts) else None)
         self._reset(loader, first_iter=True)
         if plan is not None:
             self._num_yielded = plan.num_yielded

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, NamedTuple, Protocol, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Protocol, Sequence, runtime_checkable
 
-__all__ = ["ITER_TASK", "SYNC_TASK", "STOPPED_MESSAGE", "Job", "Kind", "Message", "Pool", "PoolFactory", "ProcessDeath",
-           "ResultQueue", "ShortBatch", "Stated", "WorkerConfig"]
+__all__ = ["Adapts", "ITER_TASK", "PARK_TASK", "SYNC_TASK", "STOPPED_MESSAGE", "Job", "Kind", "Message", "Mode", "ModeReport",
+           "Pool", "PoolFactory", "ProcessDeath", "ResultQueue", "ShortBatch", "Stated", "WorkerConfig"]
 
 #: Why a stopped pool takes no more work (the consumer's RuntimeError).
 STOPPED_MESSAGE = "ThreadDataLoader's workers have been shut down; this iterator cannot be used again"
@@ -29,6 +29,12 @@ SYNC_TASK = -1
 #: ``Kind.SYNCED`` with its copy's state then, as StatefulDataLoader's workers
 #: acknowledge a new epoch with theirs.
 ITER_TASK = -2
+
+#: The task number of a job that asks a map-style worker thread, once it has
+#: run every job queued before it, to answer ``Kind.PARKED`` with a
+#: :class:`threadloader.worker.handoff.WorkerHandoff` (what it would take to go
+#: on elsewhere) and then wait for its next job.
+PARK_TASK = -3
 
 
 class Kind(enum.IntEnum):
@@ -45,6 +51,33 @@ class Kind(enum.IntEnum):
     CRASHED = 3
     #: A worker's answer to a ``SYNC_TASK`` or ``ITER_TASK`` job.
     SYNCED = 4
+    #: A worker's answer to a ``PARK_TASK`` job: its handoff.
+    PARKED = 5
+
+
+class Mode(enum.Enum):
+    """Where a loader's workers run."""
+
+    THREADS = "threads"
+    PROCESSES = "processes"
+
+
+@dataclass
+class ModeReport:
+    """Which mode a pool's workers run in, and why, in words a user reads (``stats()``).
+
+    The loader makes one per loader; the pool it picks updates it when it
+    changes mode.
+    """
+
+    mode: Mode
+    reason: str
+    #: The choice is final for the loader: its later iterators start in this mode.
+    settled: bool = False
+
+    def line(self) -> str:
+        """One line: the mode, then why."""
+        return f"{self.mode.value} ({self.reason})"
 
 
 class Job(NamedTuple):
@@ -133,6 +166,11 @@ class WorkerConfig:
     #: (see :class:`threadloader.resume.ResumePlan`); None: not recorded.
     iter_states: list[Any] | None = None
     resume_states: list[Any] | None = None
+    #: By worker id, the :class:`threadloader.worker.handoff.WorkerHandoff`
+    #: a worker goes on from (moved from a thread of the loader's process):
+    #: its copies, generators and set-up outcome, with no ``worker_init_fn``
+    #: run again. None: the workers start afresh.
+    handoffs: Mapping[int, Any] | None = None
 
 
 class ResultQueue(Protocol):
@@ -179,6 +217,19 @@ class Pool(Protocol):
 
     def stop(self) -> None:
         """Stop the workers (idempotent)."""
+
+
+@runtime_checkable
+class Adapts(Protocol):
+    """A pool that may act on GIL-bound workers (the adaptive mode's)."""
+
+    def on_gil_bound(self, verdict: Any) -> bool:
+        """The workers look GIL-bound (a :class:`threadloader.stats.gil.GilBound`).
+
+        Returns:
+            True: the pool acts on it (it moves its workers into processes),
+            so no warning is given.
+        """
 
 
 #: Makes the pool an iterator runs its workers in.

@@ -99,7 +99,12 @@ class ThreadPool:
         # the state they had when the workers started, as a process forks them.
         # Its worker_init_fn and collate_fn too, where they hold generators or
         # lead to the dataset (a partial holding it), as they travel with it to a process.
-        self._parts = parts = {w: worker_parts(cfg.dataset, cfg.init_fn, cfg.collate_fn) for w in worker_ids}
+        # A worker handed over from elsewhere goes on with the copies it had.
+        handoffs = cfg.handoffs or {}
+        self._parts = parts = {
+            w: handoffs[w].parts if w in handoffs else worker_parts(cfg.dataset, cfg.init_fn, cfg.collate_fn)
+            for w in worker_ids
+        }
         #: Worker id -> its copy of the dataset (a persistent IterableDataset
         #: copy carries its own state from epoch to epoch, as in a worker process).
         self.replicas = {w: p.dataset for w, p in parts.items()}
@@ -141,6 +146,18 @@ class ThreadPool:
         if self._shared.stopping:
             raise RuntimeError(STOPPED_MESSAGE)
         self._shared.jobs[worker_id].put(job)
+
+    def take_queued(self, worker_id: int) -> list[Job]:
+        """Take back the jobs queued for ``worker_id`` that it has not started, in order."""
+        taken = []
+        jobs = self._shared.jobs[worker_id]
+        while True:
+            try:
+                job = jobs.get_nowait()
+            except queue.Empty:
+                return taken
+            if job is not None:
+                taken.append(job)
 
     def new_epoch(self, generation: int | None = None, seed: int | None = None) -> None:
         """Start a new generation: results of older ones are stale from now on.

@@ -27,12 +27,13 @@ from .._platform.torch_compat import DatasetKind, ExceptionWrapper, create_fetch
 from ..resume import dataset_state_of, same_state
 from ..stats.counters import WorkerCounters
 from ..worker import context as _context
+from ..worker import handoff as _handoff
 from ..worker import info as worker
 from ..worker.copies import WorkerParts
 from ..worker.datapipes import seed_graph
 from ..worker.intraop import limit_this_thread
 from . import hooks
-from .protocol import ITER_TASK, SYNC_TASK, Job, Kind, Message, ShortBatch, Stated, WorkerConfig
+from .protocol import ITER_TASK, PARK_TASK, SYNC_TASK, Job, Kind, Message, ShortBatch, Stated, WorkerConfig
 
 #: On a free-threaded build, how often an idle worker thread wakes to free
 #: the objects it made that other threads have dropped (see ``next_job``).
@@ -119,25 +120,24 @@ def _worker_main(shared: _Shared, cfg: WorkerConfig, worker_id: int, parts: Work
         if cfg.pin and cfg.device_index is not None:
             torch.accelerator.set_device_index(cfg.device_index)
         cfg = dataclasses.replace(cfg, dataset=parts.dataset, init_fn=parts.init_fn, collate_fn=parts.collate_fn)
-        if cfg.shared_seed is not None:
+        handoff = cfg.handoffs.get(worker_id) if cfg.handoffs is not None else None
+        if cfg.shared_seed is not None and handoff is None:
             # Before worker info and worker_init_fn, as in DataLoader's worker loop.
             seed_graph(cfg.dataset, cfg.shared_seed)
         worker.enter_worker(worker_id, cfg.num_workers, cfg.base_seed, cfg.dataset, process_wide=cfg.owns_process)
         # This thread only ever collates for this loader: tell collate
         # functions (frame_collate) once whether batches get pinned.
         _context.set_collating(cfg.pin)
-        init_error = None
-        try:
-            if cfg.init_fn is not None:
-                cfg.init_fn(worker_id)
-        except Exception:
-            init_error = ExceptionWrapper(where=_where(worker_id, "worker_init_fn"))
-        if init_error is None:
-            init_error = _load_state(cfg, worker_id)
-        if cfg.kind == DatasetKind.Iterable:
-            _serve_iterable(shared, cfg, worker_id, init_error)
+        if handoff is not None:
+            # A worker moved here goes on where it stopped: set up once, as a DataLoader worker.
+            _handoff.restore(handoff.rng)
+            setup = _SetupError(handoff.setup_error, handoff.setup_gen)
         else:
-            _serve_map(shared, cfg, worker_id, init_error)
+            setup = _SetupError(_set_up(cfg, worker_id))
+        if cfg.kind == DatasetKind.Iterable:
+            _serve_iterable(shared, cfg, worker_id, setup)
+        else:
+            _serve_map(shared, cfg, worker_id, setup, parts)
     except BaseException as exc:  # noqa: BLE001 - reported to the consumer, never lost
         if not shared.stopping:
             shared.results.put(Message(Kind.DIED, shared.generation, -1, worker_id, exc))
@@ -145,6 +145,16 @@ def _worker_main(shared: _Shared, cfg: WorkerConfig, worker_id: int, parts: Work
         _context.set_collating(False)
         worker.leave_worker()
         release_hooks()
+
+
+def _set_up(cfg: WorkerConfig, worker_id: int) -> ExceptionWrapper | None:
+    """Run ``worker_init_fn``, then load the worker's recorded state (a resume); the failure, if any."""
+    try:
+        if cfg.init_fn is not None:
+            cfg.init_fn(worker_id)
+    except Exception:
+        return ExceptionWrapper(where=_where(worker_id, "worker_init_fn"))
+    return _load_state(cfg, worker_id)
 
 
 def _finish(cfg: WorkerConfig, data: Any, counters: WorkerCounters, worker_id: int) -> Any:
@@ -208,9 +218,8 @@ class _SetupError:
         return self.error
 
 
-def _serve_map(shared: _Shared, cfg: WorkerConfig, worker_id: int, init_error: ExceptionWrapper | None) -> None:
-    setup = _SetupError(init_error)
-    while _map_step(shared, cfg, worker_id, setup):
+def _serve_map(shared: _Shared, cfg: WorkerConfig, worker_id: int, setup: _SetupError, parts: WorkerParts) -> None:
+    while _map_step(shared, cfg, worker_id, setup, parts):
         pass
 
 
@@ -268,7 +277,7 @@ def _next_task(shared: _Shared, counters: WorkerCounters, worker_id: int) -> Job
     return job
 
 
-def _map_step(shared: _Shared, cfg: WorkerConfig, worker_id: int, setup: _SetupError) -> bool:
+def _map_step(shared: _Shared, cfg: WorkerConfig, worker_id: int, setup: _SetupError, parts: WorkerParts) -> bool:
     """Serve one map-style task: fetch its samples, collate, post. False: stop.
 
     A function of its own so that its locals (samples, the collated batch)
@@ -280,6 +289,13 @@ def _map_step(shared: _Shared, cfg: WorkerConfig, worker_id: int, setup: _SetupE
     if job is None:
         return False
     idx, gen, index = job.task, job.generation, job.index
+    if idx == PARK_TASK:
+        # Idle between two tasks: what it would take to go on elsewhere. It
+        # serves on here if it is given more work instead.
+        counters.busy = False
+        shared.results.put(Message(Kind.PARKED, gen, PARK_TASK, worker_id,
+                                   _handoff.capture(parts, setup.error, setup.gen)))
+        return True
     # A task of an abandoned epoch (persistent workers) runs all the same, as
     # in a DataLoader worker process: its draws from this worker's random
     # streams must happen whatever the timing. The consumer drops the result.
@@ -303,21 +319,21 @@ class _Replica:
 
     __slots__ = ("fetcher", "gen", "ended", "setup", "collated", "finish_s", "iter_state", "went_on", "resuming")
 
-    def __init__(self, init_error: ExceptionWrapper | None, resuming: bool = False) -> None:
+    def __init__(self, setup: _SetupError, resuming: bool = False) -> None:
         self.fetcher: Any = None
         self.gen = -1
         self.iter_state: Any = None  # the copy's state after this epoch's __iter__, until posted
         self.went_on = False  # resumed from the checkpointed state (posted with the first result)
         self.resuming = resuming  # the first epoch of a resume, not begun yet
         self.ended = False
-        self.setup = _SetupError(init_error)
+        self.setup = setup
         self.collated = 0  # samples in the batch the fetcher collated last
         self.finish_s = 0.0  # seconds its collate (and pin) took, inside the fetch
 
 
-def _serve_iterable(shared: _Shared, cfg: WorkerConfig, worker_id: int, init_error: ExceptionWrapper | None) -> None:
+def _serve_iterable(shared: _Shared, cfg: WorkerConfig, worker_id: int, setup: _SetupError) -> None:
     counters = shared.counters[worker_id]
-    replica = _Replica(init_error, resuming=cfg.iter_states is not None)
+    replica = _Replica(setup, resuming=cfg.iter_states is not None)
 
     def collate(data: Any) -> Any:
         replica.collated = len(data) if cfg.auto_collation else 1

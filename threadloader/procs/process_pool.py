@@ -88,13 +88,15 @@ PICKLE_WARNING = (
 
 
 def check_worker_processes(worker_processes: Any, num_workers: int) -> None:
-    """Validate ``worker_processes`` against ``num_workers``.
+    """Validate ``worker_processes`` against ``num_workers`` (None: the adaptive mode, always valid).
 
     Raises:
         ValueError: not an integer (any ``numbers.Integral`` but bool, as
             DataLoader takes NumPy ints for ``num_workers``), negative, more
             processes than workers, or processes without workers.
     """
+    if worker_processes is None:  # the loader decides
+        return
     if isinstance(worker_processes, bool) or not isinstance(worker_processes, numbers.Integral):
         raise ValueError(
             f"worker_processes option should be an int, but got worker_processes={worker_processes!r}"
@@ -282,7 +284,7 @@ class ProcessPool:
                 arena_batches = prefetch_factor * len(child.worker_ids) + 2
                 child.process = self._ctx.Process(
                     target=child_main,
-                    args=(child_cfg, child.worker_ids, child.jobs, child.results, self._counter_tensor,
+                    args=(_own_handoffs(child_cfg, child.worker_ids), child.worker_ids, child.jobs, child.results, self._counter_tensor,
                           os.getpid(), death_signal, child.mirror.token, arena_batches),
                     name=f"threadloader-process-{p}",
                     daemon=True,
@@ -468,6 +470,13 @@ class ProcessPool:
         for counters in self.counters:
             counters.detach()
         self._counter_tensor = None
+
+
+def _own_handoffs(cfg: WorkerConfig, worker_ids: list[int]) -> WorkerConfig:
+    """``cfg`` for the child running ``worker_ids``: with only their handoffs (each pickles with its child alone)."""
+    if cfg.handoffs is None:
+        return cfg
+    return dataclasses.replace(cfg, handoffs={w: cfg.handoffs[w] for w in worker_ids})
 
 
 def _start(process: Any) -> None:

@@ -12,7 +12,8 @@ import os
 import threading
 import time
 import warnings
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -73,6 +74,11 @@ class LoaderStats:
         self._epoch_lock = threading.Lock()
         renew_lock_after_fork(self, "_epoch_lock")
         self.gil_warned = False
+        #: The loader's report of where its workers run, and why (:class:`~threadloader.engine.protocol.ModeReport`).
+        self.mode_report: Any = None
+        self._on_gil_bound: weakref.WeakMethod | None = None
+        self._interval = GIL_CHECK_INTERVAL_S
+        self._grouped: list[Any] = []
         # The cores this process may use: with a narrower CPU affinity, idle
         # cores elsewhere on the machine are no use to it.
         machine = os.cpu_count() or 1
@@ -86,6 +92,7 @@ class LoaderStats:
         # Accelerate copy loaders): the lock is not state, a copy gets its own.
         state = dict(vars(self))
         del state["_epoch_lock"]
+        state["_on_gil_bound"] = None  # a weak reference to this process's pool
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -93,9 +100,28 @@ class LoaderStats:
         self._epoch_lock = threading.Lock()
         renew_lock_after_fork(self, "_epoch_lock")
 
-    def bind(self, counters: Sequence[Any], num_workers: int) -> None:
+    def bind(self, counters: Sequence[Any], num_workers: int,
+             on_gil_bound: Callable[[gil.GilBound], bool] | None = None) -> None:
+        """Count the work of ``counters`` (the pool's, by worker id).
+
+        Args:
+            counters: the workers' counters. A pool that moves its workers
+                replaces them in this same list; the GIL check follows.
+            num_workers: the loader's workers.
+            on_gil_bound: the pool's answer to GIL-bound workers (a bound
+                method, held weakly): True when it acts on them, so no
+                warning is given; None: warn.
+        """
         self._counters = counters
         self._num_workers = num_workers
+        self._on_gil_bound = None if on_gil_bound is None else weakref.WeakMethod(on_gil_bound)  # type: ignore[arg-type]
+        self._interval = GIL_CHECK_INTERVAL_S if on_gil_bound is None else gil.ADAPT_CHECK_INTERVAL_S
+        self._group()
+        self._gil_mark = (time.perf_counter(), self._gil_sample())  # the first window starts with these workers
+
+    def _group(self) -> None:
+        """Group the counters by where their workers run (see :meth:`bind`)."""
+        counters = self._counters
         # Workers in child processes (worker_processes) cost this process no
         # CPU: its CPU time says nothing about their GIL.
         self._workers_here = all(getattr(c, "in_this_process", True) for c in counters)
@@ -104,7 +130,12 @@ class LoaderStats:
             for c in counters:
                 groups.setdefault(c.process, []).append(c)
         self._processes = list(groups.values())
-        self._gil_mark = (time.perf_counter(), self._gil_sample())  # the first window starts with these workers
+        self._grouped = list(counters)
+
+    @property
+    def mode(self) -> str:
+        """Where the workers run and why, in one line (empty before workers ran)."""
+        return self.mode_report.line() if self.mode_report is not None else ""
 
     def new_epoch(self, generation: int = 0) -> None:
         """Start counting afresh (a persistent iterator's next epoch).
@@ -132,19 +163,31 @@ class LoaderStats:
     def delivered(self, items: int) -> None:
         self.batches += 1
         self.items += items
-        if self.batches & 15 == 0:  # the clock is read every 16 batches: this runs per batch
+        # The clock is read every 16 batches (this runs per batch); every
+        # batch where a pool may move its workers: it must decide early.
+        if self.batches & 15 == 0 or self._on_gil_bound is not None:
             now = time.perf_counter()
-            if now - self._gil_mark[0] >= GIL_CHECK_INTERVAL_S:
+            if now - self._gil_mark[0] >= self._interval:
                 self._check_gil(now)
 
     def _gil_sample(self) -> gil.Sample:
-        fetch = sum(c.fetch_s for c in self._counters)
+        counters = self._counters
+        fetch = sum(c.fetch_s for c in counters)
         # Per child process: each of its workers' fetch time, and its CPU time (on its first worker's row).
         children = [(tuple(c.fetch_s for c in group), group[0].process_cpu_s) for group in self._processes]
-        return fetch, cpu.process_cpu_seconds(), self.wait_s, cpu.system_cpu_seconds(self._cpus), children
+        return gil.Sample(fetch, cpu.process_cpu_seconds(), self.wait_s, cpu.system_cpu_seconds(self._cpus), children,
+                          sum(c.tasks for c in counters))
 
     def _check_gil(self, now: float) -> None:
-        """Warn once when the workers look GIL-bound over the window since the last check (:func:`.gil.verdict`)."""
+        """Act once when the workers look GIL-bound over the window since the last check (:func:`.gil.verdict`).
+
+        The pool may act on it (it moves its workers into processes);
+        otherwise the user is warned.
+        """
+        if any(a is not b for a, b in zip(self._counters, self._grouped)):
+            self._group()  # the pool moved its workers: a window starts with the new ones
+            self._gil_mark = (now, self._gil_sample())
+            return
         then, before = self._gil_mark
         sample = self._gil_sample()
         self._gil_mark = (now, sample)
@@ -155,6 +198,10 @@ class LoaderStats:
                               narrowed=self._cpus is not None, workers_here=self._workers_here,
                               group_sizes=[len(group) for group in self._processes])
         if message is None:
+            return
+        act = self._on_gil_bound() if self._on_gil_bound is not None else None
+        cores = (sample.cpu - before.cpu) / window
+        if act is not None and act(gil.GilBound(message, window, cores, sample.tasks - before.tasks)):
             return
         self.gil_warned = True
         warnings.warn(message, RuntimeWarning, stacklevel=gil.caller_stacklevel())
@@ -200,6 +247,7 @@ class LoaderStats:
             "items_fetched": fetched,
             "worker_utilization": min(util, 1.0),
             "items_per_s": items / elapsed,
+            "mode": self.mode,
         }
 
     def __repr__(self) -> str:
@@ -207,5 +255,5 @@ class LoaderStats:
         return (
             f"LoaderStats(batches={s['batches']}, items={s['items']}, items/s={s['items_per_s']:.0f}, "
             f"wait={s['wait_s']:.3f}s, fetch={s['fetch_s']:.3f}s, collate={s['collate_s']:.3f}s, "
-            f"pin={s['pin_s']:.3f}s, utilization={s['worker_utilization']:.0%})"
+            f"pin={s['pin_s']:.3f}s, utilization={s['worker_utilization']:.0%}, mode={s['mode']!r})"
         )

@@ -5,13 +5,17 @@ from __future__ import annotations
 import os
 import sys
 from types import FrameType
-from typing import Any
+from typing import Any, NamedTuple
 
-__all__ = ["FREE_CORE_THRESHOLD", "GIL_CHECK_INTERVAL_S", "GIL_WARNING", "GIL_WARNING_PROCESSES", "Sample",
-           "caller_stacklevel", "gil_bound", "verdict"]
+__all__ = ["ADAPT_CHECK_INTERVAL_S", "FREE_CORE_THRESHOLD", "GIL_CHECK_INTERVAL_S", "GIL_WARNING",
+           "GIL_WARNING_PROCESSES", "GilBound", "Sample", "caller_stacklevel", "gil_bound", "verdict"]
 
 #: Seconds between checks of whether the workers are GIL-bound.
 GIL_CHECK_INTERVAL_S = 1.0
+
+#: The same, for a pool that may move its workers into processes: it must
+#: decide within the first seconds of an epoch.
+ADAPT_CHECK_INTERVAL_S = 0.5
 
 #: Idle cores (machine-wide, averaged over a window) below which the machine
 #: counts as full: busy threads then wait for a core, not for the GIL.
@@ -42,10 +46,29 @@ GIL_WARNING_PROCESSES = (
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _TORCH_DATA_DIR = os.sep + os.path.join("torch", "utils", "data") + os.sep
 
-#: One sample of the counters: (workers' fetch seconds, this process's CPU seconds, the consumer's
-#: wait seconds, the machine's CPU seconds (``system_cpu_seconds``), per child: (its workers' fetch
-#: seconds, its CPU seconds)).
-Sample = tuple[float, float, float, Any, Any]
+class Sample(NamedTuple):
+    """One sample of the counters, at the start or end of a window."""
+
+    fetch: float  # the workers' fetch seconds
+    cpu: float  # this process's CPU seconds
+    wait: float  # the consumer's wait seconds
+    system: Any  # the machine's CPU seconds (``cpu.system_cpu_seconds``)
+    children: Any  # per child process: (its workers' fetch seconds, its CPU seconds)
+    tasks: int = 0  # the tasks the workers finished
+
+
+class GilBound(NamedTuple):
+    """A window in which the workers looked GIL-bound: what a pool needs to decide what to do."""
+
+    message: str  # the warning, as given when nothing is done about it
+    window: float  # seconds
+    cores: float  # CPU cores this process used in the window
+    tasks: int  # tasks the workers finished in the window
+
+    @property
+    def task_cpu_s(self) -> float:
+        """CPU seconds per task in the window (infinite with no task finished)."""
+        return self.cores * self.window / self.tasks if self.tasks else float("inf")
 
 
 def caller_stacklevel() -> int:
@@ -110,8 +133,8 @@ def verdict(before: Sample, after: Sample, window: float, *, num_workers: int, u
         workers_here: the workers are threads of this process (else of children).
         group_sizes: the workers of each child process, in the samples' order.
     """
-    fetch0, cpu0, wait0, sys0, children0 = before
-    fetch1, cpu1, wait1, sys1, children1 = after
+    fetch0, cpu0, wait0, sys0, children0, _ = before
+    fetch1, cpu1, wait1, sys1, children1, _ = after
     if (wait1 - wait0) / window < 0.25:  # the training loop rarely waits: the loader is not the bottleneck
         return None
     if workers_here:

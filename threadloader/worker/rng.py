@@ -511,3 +511,15 @@ class routing_suspended:
     def __exit__(self, *exc: Any) -> None:
         if self._mode is not None:
             _torch_compat.push_function_mode(self._mode)
+
+
+def calling_generators() -> tuple[Any, torch.Generator, Any]:
+    """The generators the calling thread's global RNG API acts on: ``random``'s, torch's, legacy NumPy's.
+
+    A worker thread's own (:func:`enter`), or else the process's: those of a
+    worker that is its process's only one, and of any thread outside workers.
+    """
+    gens = _WORKER.get()
+    if gens is not None:
+        return gens.random, gens.torch, gens.numpy_legacy
+    return _PY_RANDOM.get(), torch.default_generator, _NP_LEGACY.get()

@@ -1,0 +1,236 @@
+"""The adaptive mode's pool: :class:`AdaptivePool`.
+
+It starts a loader's workers as threads of this process. When the loader's
+stats find them GIL-bound (busy threads taking turns on one core while cores
+stand idle: :mod:`threadloader.stats.gil`) and their tasks cost enough for
+processes to pay (:mod:`.policy`), it moves them into child processes, one
+worker per process as in DataLoader, in the middle of the epoch:
+
+1. ``move``: each worker's queued jobs are taken back, in order, and a
+   ``PARK_TASK`` job is queued instead; new jobs wait here.
+2. Each worker finishes the task it is on, then answers ``Kind.PARKED`` with
+   its handoff (its copies and generators: :mod:`threadloader.worker.handoff`)
+   and waits.
+3. When the last one has answered (read by the consumer, in :meth:`get`),
+   the process pool starts with the handoffs: each child's worker goes on
+   where its thread stopped, with no ``worker_init_fn`` run again. The jobs
+   taken back and held go to it in their order, and the threads stop.
+
+Every worker runs the same jobs in the same order whichever side runs them,
+so batches, random streams and errors are those of an unmoved run. If the
+processes cannot start, or a worker dies while the others park, the threads
+go on with the jobs held and the mode stays threads for good.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from typing import Any, Callable
+
+from ..engine.protocol import PARK_TASK, STOPPED_MESSAGE, Job, Kind, Message, Mode, ModeReport, Pool, WorkerConfig
+from ..engine.thread_pool import ThreadPool
+from ..stats.gil import GilBound
+from . import policy
+
+__all__ = ["AdaptivePool"]
+
+_COUNTED = ("fetch_s", "collate_s", "pin_s", "epoch", "epoch_items", "tasks")
+
+
+class AdaptivePool:
+    """A :class:`~threadloader.engine.protocol.Pool` whose worker threads move into processes when they hold the GIL.
+
+    Args:
+        cfg: what every worker needs (a map-style dataset: see :func:`.policy.ineligible`).
+        report: the loader's mode report, updated here when the mode changes.
+        start_processes: starts the process pool the workers move into,
+            given ``cfg`` with their handoffs (one worker per process).
+    """
+
+    def __init__(self, cfg: WorkerConfig, report: ModeReport, start_processes: Callable[[WorkerConfig], Pool]) -> None:
+        self._cfg = cfg
+        self._report = report
+        self._start_processes = start_processes
+        self._threads = ThreadPool(cfg, list(range(cfg.num_workers)))
+        self._current: Pool = self._threads
+        #: The workers' counters by id; the processes' replace them here when the workers move.
+        self.counters = list(self._threads.counters)
+        #: While moving: each worker's jobs held back, in order (None: not moving).
+        self._held: dict[int, list[Job]] | None = None
+        self._parked: dict[int, Any] = {}
+        self._gave_up = False  # a move failed: threads for good
+        self._stopped = False
+        # The consumer moves the pool (in get); a garbage collection may stop it from another thread.
+        self._lock = threading.Lock()
+        self._started = time.monotonic()
+        self._verdict: GilBound | None = None
+        self._move_after = policy.forced_move_after()
+        self._delivered = 0
+        if self._move_after == 0:
+            self._move_after = None
+            self.move()
+
+    # --- Pool ---------------------------------------------------------------------
+    @property
+    def results(self) -> AdaptivePool:
+        """Where the consumer reads messages: this pool's :meth:`get`."""
+        return self
+
+    @property
+    def in_process(self) -> bool:
+        return self._current.in_process
+
+    @property
+    def generation(self) -> int:
+        return self._current.generation
+
+    @property
+    def replicas(self) -> Any:
+        return self._current.replicas
+
+    @property
+    def workers(self) -> list[Any]:
+        return self._current.workers
+
+    @property
+    def moving(self) -> bool:
+        """Whether the workers are parking to move."""
+        return self._held is not None
+
+    def submit(self, worker_id: int, job: Job) -> None:
+        """Queue ``job`` for worker ``worker_id`` (held while the workers move).
+
+        Raises:
+            RuntimeError: the pool was stopped.
+        """
+        if self._held is not None:
+            if self._stopped:
+                raise RuntimeError(STOPPED_MESSAGE)
+            self._held[worker_id].append(job)
+            return
+        self._current.submit(worker_id, job)
+
+    def new_epoch(self, generation: int | None = None, seed: int | None = None) -> None:
+        """Start a new generation (see ``ThreadPool.new_epoch``); the processes take it from the threads when they start."""
+        self._current.new_epoch(generation, seed)
+
+    def stop(self) -> None:
+        """Stop the workers, threads and processes (idempotent)."""
+        with self._lock:
+            self._stopped = True
+            self._held = None
+            self._threads.stop()
+            if self._current is not self._threads:
+                self._current.stop()
+
+    # --- the move -----------------------------------------------------------------
+    def on_gil_bound(self, verdict: GilBound) -> bool:
+        """Move the workers into processes if that pays (True: acted on, no warning)."""
+        if self._held is not None:
+            return True
+        if self._current is not self._threads or self._gave_up or self._stopped:
+            return False
+        if not policy.worth_moving(verdict):
+            self._report.reason = (
+                f"adaptive: the workers look GIL-bound, but a task costs {verdict.task_cpu_s * 1e3:.2f} ms of CPU, "
+                f"too little for processes to pay (from {policy.MIN_TASK_CPU_S * 1e3:g} ms)"
+            )
+            return False
+        self._verdict = verdict
+        return self.move()
+
+    def move(self) -> bool:
+        """Begin moving the workers into processes: they park after the task each is on.
+
+        Returns:
+            False: a worker thread has ended (it died), so they stay threads.
+        """
+        with self._lock:
+            if self._stopped or self._held is not None or self._current is not self._threads:
+                return self._held is not None
+            if not all(thread.is_alive() for thread in self._threads.workers):
+                self._give_up("a worker thread had died")
+                return False
+            self._held = {w: self._threads.take_queued(w) for w in range(self._cfg.num_workers)}
+            for w in self._held:
+                self._threads.submit(w, Job(PARK_TASK, self._threads.generation, None))
+            return True
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Message:
+        """The next message for the consumer (``queue.SimpleQueue.get``'s arguments and ``queue.Empty``).
+
+        Parked workers' answers are taken here; the last one completes the move.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            message = self._current.results.get(block, remaining)
+            if message.kind == Kind.PARKED:
+                if self._held is not None:
+                    self._parked[message.worker_id] = message.payload
+                    if len(self._parked) == self._cfg.num_workers:
+                        self._finish_move()
+                continue
+            if message.kind == Kind.DIED and self._held is not None:
+                self._abort_move(f"worker {message.worker_id} died while the workers moved")
+            elif self._move_after is not None and message.kind == Kind.DATA:
+                self._delivered += 1
+                if self._delivered >= self._move_after:
+                    self._move_after = None
+                    self.move()
+            return message
+
+    def _finish_move(self) -> None:
+        """Every worker has parked: start the processes with their handoffs, hand them the held jobs."""
+        with self._lock:
+            if self._held is None or self._stopped:
+                return
+            cfg = dataclasses.replace(self._cfg, handoffs=dict(self._parked), worker_states=None)
+            try:
+                processes = self._start_processes(cfg)
+            except Exception as e:  # noqa: BLE001 - the threads go on: nothing is lost
+                self._abort_move_locked(f"starting the worker processes failed: {e!r}")
+                return
+            threads = self._threads
+            for old, new in zip(threads.counters, processes.counters):
+                for name in _COUNTED:  # the epoch's totals go on from the threads'
+                    setattr(new, name, getattr(old, name))
+            if processes.generation != threads.generation:
+                processes.new_epoch(threads.generation)
+            held, self._held, self._parked = self._held, None, {}
+            for w, jobs in held.items():
+                for job in jobs:
+                    processes.submit(w, job)
+            self._current = processes
+            self.counters[:] = processes.counters
+            self._report.mode, self._report.reason, self._report.settled = Mode.PROCESSES, self._moved_reason(), True
+        threads.stop()  # idle: they end at once, and their copies here are retired (the children have theirs)
+
+    def _moved_reason(self) -> str:
+        n = self._cfg.num_workers
+        text = f"adaptive: moved into {n} worker processes {time.monotonic() - self._started:.1f} s after the workers started"
+        v = self._verdict
+        if v is None:
+            return f"{text}: asked for ({policy.MOVE_AFTER_ENV})"
+        return (f"{text}: the {n} worker threads took turns on the GIL ({v.cores:.2f} CPU cores used, "
+                f"{v.task_cpu_s * 1e3:.1f} ms of CPU per task)")
+
+    def _abort_move(self, why: str) -> None:
+        with self._lock:
+            self._abort_move_locked(why)
+
+    def _abort_move_locked(self, why: str) -> None:
+        """The workers stay threads for good: they get the held jobs, in order, behind their park."""
+        held, self._held, self._parked = self._held, None, {}
+        self._give_up(why)
+        if held is None or self._stopped:
+            return
+        for w, jobs in held.items():
+            for job in jobs:
+                self._threads.submit(w, job)
+
+    def _give_up(self, why: str) -> None:
+        self._gave_up = True
+        self._report.mode, self._report.reason, self._report.settled = Mode.THREADS, f"adaptive: stays on threads, {why}", True
