@@ -50,6 +50,7 @@ class AdaptivePool:
     """
 
     def __init__(self, cfg: WorkerConfig, report: ModeReport, start_processes: Callable[[WorkerConfig], Pool]) -> None:
+        self._move_after = policy.forced_move_after()  # before any thread starts: it may raise
         self._cfg = cfg
         self._report = report
         self._start_processes = start_processes
@@ -66,7 +67,6 @@ class AdaptivePool:
         self._lock = threading.Lock()
         self._started = time.monotonic()
         self._verdict: GilBound | None = None
-        self._move_after = policy.forced_move_after()
         self._delivered = 0
         if self._move_after == 0:
             self._move_after = None

@@ -1,0 +1,249 @@
+"""The adaptive mode (``worker_processes=None``, the default): worker threads that move into processes.
+
+A move happens between two batches the consumer reads. Here it is asked for
+at exact points (``pool.move()`` on the iterator's pool, or the
+``THREADLOADER_MOVE_AFTER`` variable), or comes from the GIL check with its
+measurement replaced, so that each test really moves whatever the machine's
+load. Everything a loader yields across a move must be DataLoader's.
+"""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing
+import os
+import random
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from helpers import Sharded, Squares, to_list
+from torch.utils.data import DataLoader, Dataset, get_worker_info
+
+from threadloader import ThreadDataLoader
+from threadloader.adaptive import pool as adaptive_pool
+from threadloader.adaptive import policy
+from threadloader.engine.protocol import Mode
+from threadloader.stats import gil
+
+FORK = "fork"
+
+
+class Augmented(Dataset):
+    """A GIL-bound map-style dataset with random "transforms" through every global RNG API."""
+
+    def __init__(self, n: int = 48, fail: int | None = None) -> None:
+        self.n, self.fail = n, fail
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        if i == self.fail:
+            raise ValueError(f"bad sample {i}")
+        acc = 0
+        for k in range(200):  # Python that holds the GIL
+            acc += k * i
+        return i, acc, torch.rand(2), random.random(), float(np.random.rand())
+
+
+def _batches(loader, epochs: int = 1, move_at: int | None = None) -> list:
+    """Every batch of ``epochs`` epochs, as lists; the workers asked to move after ``move_at`` batches of the first."""
+    out = []
+    for epoch in range(epochs):
+        it = iter(loader)
+        for k, batch in enumerate(it):
+            out.append(to_list(batch))
+            if epoch == 0 and k + 1 == move_at:
+                assert it._pool.move()
+    return out
+
+
+def _oracle(dataset, epochs: int = 1, **kwargs) -> list:
+    torch.manual_seed(0)
+    return _batches(DataLoader(dataset, multiprocessing_context=FORK, **kwargs), epochs)
+
+
+def _ours(dataset, epochs: int = 1, move_at: int | None = None, **kwargs):
+    torch.manual_seed(0)
+    loader = ThreadDataLoader(dataset, multiprocessing_context=FORK, **kwargs)
+    return loader, _batches(loader, epochs, move_at)
+
+
+@pytest.fixture(autouse=True)
+def no_orphans():
+    before = set(multiprocessing.active_children())
+    yield
+    gc.collect()  # an iterator held by an error's traceback
+    for child in set(multiprocessing.active_children()) - before:
+        child.join(timeout=5)
+    assert set(multiprocessing.active_children()) <= before
+
+
+@pytest.mark.parametrize("move_at", [1, 3, 7])
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_move_keeps_dataloaders_batches_and_random_streams(move_at, persistent):
+    kwargs = dict(batch_size=4, shuffle=True, num_workers=2, persistent_workers=persistent)
+    expected = _oracle(Augmented(), epochs=3, **kwargs)
+    loader, got = _ours(Augmented(), epochs=3, move_at=move_at, **kwargs)
+    assert got == expected
+    report = loader.stats().mode
+    assert report.startswith("processes (adaptive: moved into 2 worker processes"), report
+
+
+def test_unordered_batches_across_a_move_are_dataloaders():
+    # Which worker serves a task depends on timing here (DataLoader's too), and so do its random draws.
+    kwargs = dict(batch_size=3, shuffle=True, num_workers=3, in_order=False, persistent_workers=True)
+    expected = _oracle(Squares(40), epochs=2, **kwargs)
+    _, got = _ours(Squares(40), epochs=2, move_at=2, **kwargs)
+    assert sorted(got) == sorted(expected) and len(got) == len(expected)
+
+
+def test_worker_init_fn_runs_once_per_worker_across_a_move(tmp_path):
+    log = tmp_path / "init.log"
+
+    def init(worker_id):
+        with open(log, "a") as f:  # one short append per call: whole lines from any process
+            f.write(f"{worker_id} {os.getpid()}\n")
+        get_worker_info().dataset.offset = 1000 * (worker_id + 1)  # the copy's state travels with it
+
+    class Offset(Augmented):
+        offset = 0
+
+        def __getitem__(self, i):
+            return (self.offset, *super().__getitem__(i))
+
+    kwargs = dict(batch_size=2, num_workers=2, persistent_workers=True, worker_init_fn=init)
+    loader, got = _ours(Offset(16), epochs=2, move_at=1, **kwargs)
+    lines = log.read_text().split()
+    assert sorted(lines[0::2]) == ["0", "1"] and set(lines[1::2]) == {str(os.getpid())}  # in the threads, once
+    assert {batch[0][0] for batch in got} == {1000, 2000}
+    assert loader.stats().mode.startswith("processes")
+
+
+def test_an_error_after_a_move_is_dataloaders():
+    kwargs = dict(batch_size=2, num_workers=2)
+    loader = ThreadDataLoader(Augmented(24, fail=15), multiprocessing_context=FORK, **kwargs)
+    it = iter(loader)
+    next(it)
+    assert it._pool.move()
+    seen = 1
+    with pytest.raises(ValueError, match="bad sample 15") as info:
+        for _ in it:
+            seen += 1
+    assert seen == 7  # batches 0..6 came; batch 7 holds sample 15
+    assert "Caught ValueError in DataLoader worker" in str(info.value)
+    assert loader.stats().mode.startswith("processes")
+    del it
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_a_checkpoint_taken_next_to_a_move_resumes_dataloaders_epoch(when):
+    kwargs = dict(batch_size=4, shuffle=True, num_workers=2)
+    expected = _oracle(Squares(40), epochs=2, **kwargs)
+    torch.manual_seed(0)
+    loader = ThreadDataLoader(Squares(40), multiprocessing_context=FORK, **kwargs)
+    it = iter(loader)
+    got = [to_list(next(it)) for _ in range(3)]
+    if when == "before":
+        state = loader.state_dict()
+        assert it._pool.move()
+    else:
+        assert it._pool.move()
+        state = loader.state_dict()
+    got.append(to_list(next(it)))  # the moved workers' first batch
+    del it
+    resumed = ThreadDataLoader(Squares(40), multiprocessing_context=FORK, **kwargs)
+    resumed.load_state_dict(state)
+    rest = _batches(resumed, epochs=2)
+    assert got[:3] + rest == expected
+
+
+def test_the_gil_check_moves_workers_whose_tasks_are_big(monkeypatch):
+    # The check's measurement replaced: every window of worker threads looks GIL-bound.
+    monkeypatch.setattr(gil, "verdict", lambda *a, workers_here, **k: "GIL-bound" if workers_here else None)
+    monkeypatch.setattr(gil, "ADAPT_CHECK_INTERVAL_S", 0.0)
+    monkeypatch.setattr(policy, "MIN_TASK_CPU_S", 0.0)
+    kwargs = dict(batch_size=4, shuffle=True, num_workers=2)
+    expected = _oracle(Augmented(), **kwargs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a move, not a warning
+        loader, got = _ours(Augmented(), **kwargs)
+    assert got == expected
+    assert loader.stats().mode.startswith("processes (adaptive: moved into 2 worker processes")
+    assert "took turns on the GIL" in loader.stats().mode
+    assert loader.stats().snapshot()["mode"] == loader.stats().mode
+
+
+def test_workers_whose_tasks_are_too_small_stay_threads_and_warn(monkeypatch):
+    monkeypatch.setattr(gil, "verdict", lambda *a, **k: "GIL-bound")
+    monkeypatch.setattr(gil, "ADAPT_CHECK_INTERVAL_S", 0.0)
+    monkeypatch.setattr(policy, "MIN_TASK_CPU_S", float("inf"))
+    loader = ThreadDataLoader(Augmented(), batch_size=4, num_workers=2)
+    with pytest.warns(RuntimeWarning, match="GIL-bound"):
+        to_list(loader)
+    assert loader.stats().mode.startswith("threads (adaptive: the workers look GIL-bound, but a task costs")
+
+
+def test_a_later_epoch_starts_where_the_first_moved():
+    kwargs = dict(batch_size=4, shuffle=True, num_workers=2)
+    expected = _oracle(Augmented(40), epochs=2, **kwargs)
+    loader, first = _ours(Augmented(40), move_at=1, **kwargs)
+    it = iter(loader)
+    assert not it._pool.in_process  # worker processes from the start
+    assert first + to_list(it) == expected
+    assert loader.stats().mode.startswith("processes (adaptive: moved")
+
+
+def test_workers_stay_threads_when_the_processes_do_not_start(monkeypatch):
+    def refuse(self, cfg):
+        raise OSError("no processes here")
+
+    real = adaptive_pool.AdaptivePool.__init__
+
+    def init(self, cfg, report, start_processes):
+        real(self, cfg, report, lambda cfg: refuse(self, cfg))
+
+    monkeypatch.setattr(adaptive_pool.AdaptivePool, "__init__", init)
+    kwargs = dict(batch_size=4, shuffle=True, num_workers=2)
+    expected = _oracle(Augmented(), epochs=2, **kwargs)
+    loader, got = _ours(Augmented(), epochs=2, move_at=2, **kwargs)
+    assert got == expected
+    assert loader.stats().mode == (
+        "threads (adaptive: stays on threads, starting the worker processes failed: OSError('no processes here'))")
+
+
+def test_move_after_variable_moves_the_workers(monkeypatch):
+    monkeypatch.setenv(policy.MOVE_AFTER_ENV, "2")
+    kwargs = dict(batch_size=4, shuffle=True, num_workers=2)
+    expected = _oracle(Augmented(), **kwargs)
+    loader, got = _ours(Augmented(), **kwargs)
+    assert got == expected
+    assert loader.stats().mode.endswith(f"asked for ({policy.MOVE_AFTER_ENV}))")
+
+
+def test_move_after_variable_must_be_a_count(monkeypatch):
+    monkeypatch.setenv(policy.MOVE_AFTER_ENV, "soon")
+    with pytest.raises(ValueError, match="THREADLOADER_MOVE_AFTER must be a non-negative integer, got 'soon'"):
+        iter(ThreadDataLoader(Squares(4), num_workers=2))
+
+
+@pytest.mark.parametrize("kwargs, why", [
+    (dict(worker_processes=0), "threads (worker_processes=0)"),
+    (dict(worker_processes=2), "processes (worker_processes=2)"),
+    (dict(), "threads (adaptive: the workers move into processes if they hold the GIL)"),
+])
+def test_stats_say_which_mode_runs_and_why(kwargs, why):
+    loader = ThreadDataLoader(Squares(8), batch_size=2, num_workers=2, multiprocessing_context=FORK, **kwargs)
+    to_list(loader)
+    assert loader.stats().mode == why
+    assert why in repr(loader.stats())
+
+
+def test_an_iterable_dataset_stays_on_threads():
+    loader = ThreadDataLoader(Sharded(0, 8), batch_size=2, num_workers=2)
+    assert sorted(sum(to_list(loader), [])) == list(range(8))
+    assert loader.stats().mode == (
+        "threads (adaptive: stays on threads, an IterableDataset: its workers' iterators cannot move into processes)")
+    assert Mode.THREADS.value == "threads"
