@@ -232,6 +232,8 @@ class Mode:
     extra: Callable[[int], dict[str, Any]]
     #: Whether its workers run in child processes.
     in_children: bool = False
+    #: Environment variables the mode needs while a test runs (the ``mode`` fixture sets them).
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def kwargs(self, processes: int = 2) -> dict[str, Any]:
         """The arguments that select this mode (``processes``: where it has worker processes)."""
@@ -242,9 +244,11 @@ class Mode:
 
 
 MODES: tuple[Mode, ...] = (
-    Mode("threads", lambda processes: {}),
+    Mode("threads", lambda processes: dict(worker_processes=0)),
     Mode("processes", lambda processes: dict(worker_processes=processes, multiprocessing_context="fork"),
          in_children=True),
+    # The default, made to move its threads into processes after the first batch.
+    Mode("adaptive", lambda processes: dict(multiprocessing_context="fork"), env={"THREADLOADER_MOVE_AFTER": "1"}),
 )
 
 

@@ -49,7 +49,7 @@ def test_signature_is_dataloaders():
     # DataLoader's parameters, then our one keyword-only addition.
     assert list(ours) == [*theirs, "worker_processes"]
     assert ours["worker_processes"].kind == inspect.Parameter.KEYWORD_ONLY
-    assert ours["worker_processes"].default == 0
+    assert ours["worker_processes"].default is None
     for name in theirs:
         assert ours[name].kind == theirs[name].kind, name
         assert ours[name].default == theirs[name].default, name

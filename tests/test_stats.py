@@ -93,7 +93,9 @@ def gil_warnings(monkeypatch, machine, seconds: float = 3 * GIL_CHECK_INTERVAL_S
     monkeypatch.setattr(stats.cpu, "system_cpu_seconds", machine)
     monkeypatch.setattr(stats.cpu, "process_cpu_seconds", one_core)
     dataset = PythonLoop(100_000) if dataset is None else dataset
+    loader_kwargs.setdefault("worker_processes", 0)  # threads for good: the default would move them instead
     loader = ThreadDataLoader(dataset, batch_size=4, num_workers=2, **loader_kwargs)
+    gil_warnings.loader = loader  # type: ignore[attr-defined]  # for a test that reads its stats
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _ in range(epochs):
@@ -135,6 +137,16 @@ def test_warns_once_when_workers_are_gil_bound(monkeypatch):
 
 
 @needs_two_cores
+def test_the_default_moves_gil_bound_workers_into_processes_instead_of_warning(monkeypatch):
+    # The figures that warn with threads for good; the children (forked) inherit the faked clock.
+    monkeypatch.setattr(procs_child, "process_cpu_seconds", one_core)
+    gil = gil_warnings(monkeypatch, only_this_process_busy, worker_processes=None, multiprocessing_context="fork")
+    assert gil == []
+    loader_stats = gil_warnings.loader.stats()
+    assert loader_stats.mode.startswith("processes (adaptive: moved into 2 worker processes"), loader_stats.mode
+
+
+@needs_two_cores
 def test_warns_without_machine_wide_figures(monkeypatch):
     # Where the machine's CPU use cannot be read, the process's figures decide alone.
     gil = gil_warnings(monkeypatch, lambda cpus=None: None)
@@ -167,7 +179,7 @@ def test_no_gil_warning_when_workers_run_in_processes(monkeypatch, worker_proces
     # worker threads of this process; workers in child processes use none of its CPU (or
     # GIL), and the warning's advice would be worker_processes itself. The dataset sleeps:
     # no child burns a core.
-    kwargs = dict(worker_processes=2, multiprocessing_context="fork") if worker_processes else {}
+    kwargs = dict(worker_processes=worker_processes, multiprocessing_context="fork")
     gil = gil_warnings(monkeypatch, only_this_process_busy, 2 * GIL_CHECK_INTERVAL_S + 0.5,
                        dataset=Slow(100_000, 0.01), **kwargs)
     assert len(gil) == expected, gil
@@ -280,7 +292,7 @@ def test_snapshot_fields_and_repr():
     list(loader)
     snap = loader.stats().snapshot()
     assert set(snap) == {"batches", "items", "elapsed_s", "wait_s", "fetch_s", "collate_s", "pin_s",
-                         "items_fetched", "worker_utilization", "items_per_s"}
+                         "items_fetched", "worker_utilization", "items_per_s", "mode"}
     assert snap["batches"] == 4 and snap["items"] == 12
     assert snap["wait_s"] > 0 and snap["collate_s"] >= 0
     assert "LoaderStats(batches=4, items=12" in repr(loader.stats())
@@ -401,7 +413,7 @@ class _NewEpochMidRead:
     """
 
     collate_s = pin_s = 0.0
-    epoch = epoch_items = 0
+    epoch = epoch_items = tasks = 0
 
     def __init__(self) -> None:
         self.stats: stats.LoaderStats | None = None

@@ -78,7 +78,8 @@ class Workload(NamedTuple):
     about: str
     #: ``None``: unbatched (the loader's own per-item cost).
     batch_size: int | None
-    #: Timed batches (or items, unbatched) per cell at scale ``full``.
+    #: Timed batches (or items, unbatched) per cell at scale ``full``: about three seconds of
+    #: DataLoader on 2 cores, so that the default's move into processes is timed with what follows it.
     batches: int
     build: Callable[[Scale, Path], tuple[Any, Callable[[list[Any]], Any] | None]]
 
@@ -245,14 +246,14 @@ class Trivial(torch.utils.data.Dataset):
 
 
 WORKLOADS: tuple[Workload, ...] = (
-    Workload("cifar-v1", "32x32 PIL, RandomCrop+Flip+ToTensor+Normalize (transforms v1)", 128, 16, _cifar_v1),
-    Workload("cifar-v2", "the same with transforms.v2", 128, 16, _cifar_v2),
-    Workload("imagefolder-pil", "ImageFolder + PIL Resize 224 + PILToTensor", 32, 8, _imagefolder_pil),
-    Workload("frames", "the same files, decode_image + frame_collate", 32, 10, _frames),
-    Workload("npy", ".npy file per sample, np.load", 32, 40, _npy),
-    Workload("json-tokenize", "JSON line + Python tokenizer loop", 128, 80, lambda s, c: (JsonTokenize(s.samples), None)),
-    Workload("torch-heavy", "conv2d x2 + pooling per sample (GIL released)", 32, 10, lambda s, c: (TorchHeavy(s.samples), None)),
-    Workload("trivial", "the index, unbatched (loader overhead)", None, 10000, lambda s, c: (Trivial(s.samples), None)),
+    Workload("cifar-v1", "32x32 PIL, RandomCrop+Flip+ToTensor+Normalize (transforms v1)", 128, 120, _cifar_v1),
+    Workload("cifar-v2", "the same with transforms.v2", 128, 80, _cifar_v2),
+    Workload("imagefolder-pil", "ImageFolder + PIL Resize 224 + PILToTensor", 32, 32, _imagefolder_pil),
+    Workload("frames", "the same files, decode_image + frame_collate", 32, 50, _frames),
+    Workload("npy", ".npy file per sample, np.load", 32, 500, _npy),
+    Workload("json-tokenize", "JSON line + Python tokenizer loop", 128, 600, lambda s, c: (JsonTokenize(s.samples), None)),
+    Workload("torch-heavy", "conv2d x2 + pooling per sample (GIL released)", 32, 120, lambda s, c: (TorchHeavy(s.samples), None)),
+    Workload("trivial", "the index, unbatched (loader overhead)", None, 30000, lambda s, c: (Trivial(s.samples), None)),
 )
 
 

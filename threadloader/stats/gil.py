@@ -15,7 +15,7 @@ GIL_CHECK_INTERVAL_S = 1.0
 
 #: The same, for a pool that may move its workers into processes: it must
 #: decide within the first seconds of an epoch.
-ADAPT_CHECK_INTERVAL_S = 0.5
+ADAPT_CHECK_INTERVAL_S = 0.25
 
 #: Idle cores (machine-wide, averaged over a window) below which the machine
 #: counts as full: busy threads then wait for a core, not for the GIL.
