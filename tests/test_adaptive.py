@@ -22,8 +22,8 @@ from helpers import Sharded, Squares, to_list
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from threadloader import ThreadDataLoader
-from threadloader.adaptive import pool as adaptive_pool
 from threadloader.adaptive import policy
+from threadloader.adaptive import pool as adaptive_pool
 from threadloader.engine.protocol import Mode
 from threadloader.stats import gil
 
