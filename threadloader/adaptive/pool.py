@@ -172,6 +172,8 @@ class AdaptivePool:
                     self._parked[message.worker_id] = message.payload
                     if len(self._parked) == self._cfg.num_workers:
                         self._finish_move()
+                        if timeout is not None:  # the wait for the workers starts again: starting processes is ours
+                            deadline = time.monotonic() + timeout
                 continue
             if message.kind == Kind.DIED and self._held is not None:
                 self._abort_move(f"worker {message.worker_id} died while the workers moved")
