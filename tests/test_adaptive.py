@@ -19,6 +19,8 @@ import numpy as np
 import pytest
 import torch
 from helpers import Sharded, Squares, to_list
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from threadloader import ThreadDataLoader
@@ -247,3 +249,25 @@ def test_an_iterable_dataset_stays_on_threads():
     assert loader.stats().mode == (
         "threads (adaptive: stays on threads, an IterableDataset: its workers' iterators cannot move into processes)")
     assert Mode.THREADS.value == "threads"
+
+
+@settings(max_examples=6, deadline=None)
+@given(n=st.integers(1, 40), batch_size=st.integers(1, 5), workers=st.integers(2, 3), move_at=st.integers(1, 6),
+       persistent=st.booleans(), shuffle=st.booleans())
+def test_any_move_point_keeps_dataloaders_batches(n, batch_size, workers, move_at, persistent, shuffle):
+    kwargs = dict(batch_size=batch_size, num_workers=workers, persistent_workers=persistent, shuffle=shuffle)
+    expected = _oracle(Augmented(n), epochs=2, **kwargs)
+    batches = -(-n // batch_size)
+    _, got = _ours(Augmented(n), epochs=2, move_at=min(move_at, batches), **kwargs)
+    assert got == expected
+
+
+def test_workers_move_into_spawned_processes_with_their_state():
+    # Nothing is inherited: each handoff (copy, generator states) is pickled to its own child.
+    kwargs = dict(batch_size=4, shuffle=True, num_workers=2)
+    expected = _oracle(Augmented(40), **kwargs)
+    torch.manual_seed(0)
+    loader = ThreadDataLoader(Augmented(40), multiprocessing_context="spawn", **kwargs)
+    got = _batches(loader, move_at=2)
+    assert got == expected
+    assert loader.stats().mode.startswith("processes (adaptive: moved")
