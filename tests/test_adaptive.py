@@ -271,3 +271,27 @@ def test_workers_move_into_spawned_processes_with_their_state():
     got = _batches(loader, move_at=2)
     assert got == expected
     assert loader.stats().mode.startswith("processes (adaptive: moved")
+
+
+def test_workers_that_started_threads_of_their_own_stay_threads():
+    # A forked process would not have the executor's threads: the dataset would wait on them for ever.
+    from concurrent.futures import ThreadPoolExecutor
+
+    def init(worker_id):
+        get_worker_info().dataset.executor = ThreadPoolExecutor(1, thread_name_prefix=f"prefetch-{worker_id}")
+
+    class Prefetching(Augmented):
+        def __getitem__(self, i):
+            return self.executor.submit(super().__getitem__, i).result()
+
+    kwargs = dict(batch_size=4, shuffle=True, num_workers=2, worker_init_fn=init)
+    expected = _oracle(Augmented(40), **kwargs)  # DataLoader's processes start their own executors
+    torch.manual_seed(0)
+    loader = ThreadDataLoader(Prefetching(40), multiprocessing_context=FORK, **kwargs)
+    it = iter(loader)
+    got = [to_list(next(it)) for _ in range(2)]
+    assert not it._pool.move()
+    got += to_list(it)
+    assert loader.stats().mode == ("threads (adaptive: stays on threads, threads started since the workers began "
+                                   "(prefetch-0_0, prefetch-1_0) would be missing in a worker process)")
+    assert len(got) == len(expected)

@@ -54,6 +54,7 @@ class AdaptivePool:
         self._cfg = cfg
         self._report = report
         self._start_processes = start_processes
+        self._threads_before = {t.ident for t in threading.enumerate()}
         self._threads = ThreadPool(cfg, list(range(cfg.num_workers)))
         self._current: Pool = self._threads
         #: The workers' counters by id; the processes' replace them here when the workers move.
@@ -153,10 +154,26 @@ class AdaptivePool:
             if not all(thread.is_alive() for thread in self._threads.workers):
                 self._give_up("a worker thread had died")
                 return False
+            strangers = self._threads_started_since()
+            if strangers:
+                self._give_up(f"threads started since the workers began ({', '.join(strangers)}) would be "
+                              "missing in a worker process")
+                return False
             self._held = {w: self._threads.take_queued(w) for w in range(self._cfg.num_workers)}
             for w in self._held:
                 self._threads.submit(w, Job(PARK_TASK, self._threads.generation, None))
             return True
+
+    def _threads_started_since(self) -> list[str]:
+        """Python threads started since this pool began, but threadloader's own: a worker's, perhaps.
+
+        A dataset or ``worker_init_fn`` may start threads (an executor, a
+        prefetcher); in a forked process they would be gone and the worker
+        would wait on them for ever. Threads the training loop starts
+        meanwhile look the same: the workers stay threads then too.
+        """
+        return sorted(t.name for t in threading.enumerate()
+                      if t.ident not in self._threads_before and not t.name.startswith("threadloader-"))
 
     def get(self, block: bool = True, timeout: float | None = None) -> Message:
         """The next message for the consumer (``queue.SimpleQueue.get``'s arguments and ``queue.Empty``).
