@@ -13,6 +13,7 @@ import gc
 import multiprocessing
 import os
 import random
+import sys
 import warnings
 
 import numpy as np
@@ -71,6 +72,12 @@ def _ours(dataset, epochs: int = 1, move_at: int | None = None, **kwargs):
     torch.manual_seed(0)
     loader = ThreadDataLoader(dataset, multiprocessing_context=FORK, **kwargs)
     return loader, _batches(loader, epochs, move_at)
+
+
+@pytest.fixture(autouse=True)
+def eligible_without_a_gil(monkeypatch):
+    # On a free-threaded Python with the GIL off the default stays on threads; the moves tested here are asked for.
+    monkeypatch.setattr(policy, "gil_enabled", lambda: True)
 
 
 @pytest.fixture(autouse=True)
@@ -163,6 +170,7 @@ def test_a_checkpoint_taken_next_to_a_move_resumes_dataloaders_epoch(when):
 
 
 def test_the_gil_check_moves_workers_whose_tasks_are_big(monkeypatch):
+    monkeypatch.setattr(sys, "_is_gil_enabled", lambda: True, raising=False)  # simulated on a free-threaded build too
     # The check's measurement replaced: every window of worker threads looks GIL-bound.
     monkeypatch.setattr(gil, "verdict", lambda *a, workers_here, **k: "GIL-bound" if workers_here else None)
     monkeypatch.setattr(gil, "ADAPT_CHECK_INTERVAL_S", 0.0)
@@ -179,6 +187,7 @@ def test_the_gil_check_moves_workers_whose_tasks_are_big(monkeypatch):
 
 
 def test_workers_whose_tasks_are_too_small_stay_threads_and_warn(monkeypatch):
+    monkeypatch.setattr(sys, "_is_gil_enabled", lambda: True, raising=False)
     monkeypatch.setattr(gil, "verdict", lambda *a, **k: "GIL-bound")
     monkeypatch.setattr(gil, "ADAPT_CHECK_INTERVAL_S", 0.0)
     monkeypatch.setattr(policy, "MIN_TASK_CPU_S", float("inf"))
@@ -295,3 +304,10 @@ def test_workers_that_started_threads_of_their_own_stay_threads():
     assert loader.stats().mode == ("threads (adaptive: stays on threads, threads started since the workers began "
                                    "(prefetch-0_0, prefetch-1_0) would be missing in a worker process)")
     assert len(got) == len(expected)
+
+
+def test_without_a_gil_the_default_stays_on_threads(monkeypatch):
+    monkeypatch.setattr(policy, "gil_enabled", lambda: False)
+    loader = ThreadDataLoader(Squares(8), batch_size=2, num_workers=2)
+    to_list(loader)
+    assert loader.stats().mode == "threads (adaptive: stays on threads, this Python runs without a GIL: threads run in parallel)"

@@ -20,7 +20,8 @@ MIN_TASK_CPU_S = 1e-3
 
 #: An environment variable: a number N moves the adaptive mode's workers into
 #: processes once N results have reached the consumer, whatever their GIL
-#: use (to test a pipeline in both modes, and for this project's tests).
+#: use, the GIL off included (to test a pipeline in both modes, and for this
+#: project's tests).
 MOVE_AFTER_ENV = "THREADLOADER_MOVE_AFTER"
 
 
@@ -37,7 +38,7 @@ def ineligible(loader: Any) -> str | None:
         return "an IterableDataset: its workers' iterators cannot move into processes"
     if is_datapipe(loader.dataset):
         return "a DataPipe graph: its workers' iterators cannot move into processes"
-    if not gil_enabled():
+    if not gil_enabled() and forced_move_after() is None:
         return "this Python runs without a GIL: threads run in parallel"
     if multiprocessing.current_process().daemon:
         return "this process is a daemon (a worker process itself), which cannot start processes"
