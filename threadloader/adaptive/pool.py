@@ -95,20 +95,15 @@ class AdaptivePool:
     def workers(self) -> list[Any]:
         return self._current.workers
 
-    @property
-    def moving(self) -> bool:
-        """Whether the workers are parking to move."""
-        return self._held is not None
-
     def submit(self, worker_id: int, job: Job) -> None:
         """Queue ``job`` for worker ``worker_id`` (held while the workers move).
 
         Raises:
             RuntimeError: the pool was stopped.
         """
+        if self._stopped:
+            raise RuntimeError(STOPPED_MESSAGE)
         if self._held is not None:
-            if self._stopped:
-                raise RuntimeError(STOPPED_MESSAGE)
             self._held[worker_id].append(job)
             return
         self._current.submit(worker_id, job)
