@@ -311,3 +311,23 @@ def test_without_a_gil_the_default_stays_on_threads(monkeypatch):
     loader = ThreadDataLoader(Squares(8), batch_size=2, num_workers=2)
     to_list(loader)
     assert loader.stats().mode == "threads (adaptive: stays on threads, this Python runs without a GIL: threads run in parallel)"
+
+
+class InfoRng(Dataset):
+    """Draws from ``get_worker_info().rng``'s generators (torch's thread-worker API), which DataLoader's processes lack."""
+
+    def __len__(self) -> int:
+        return 40
+
+    def __getitem__(self, i: int):
+        rng = get_worker_info().rng
+        return (i, rng.numpy_generator.random(), rng.random_generator.random(),
+                torch.rand(1, generator=rng.torch_generator).item())
+
+
+def test_a_moved_worker_goes_on_with_its_worker_info_generators():
+    kwargs = dict(batch_size=4, shuffle=True, num_workers=2)
+    torch.manual_seed(0)
+    expected = to_list(ThreadDataLoader(InfoRng(), worker_processes=0, **kwargs))
+    _, got = _ours(InfoRng(), move_at=2, **kwargs)
+    assert got == expected
