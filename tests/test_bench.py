@@ -805,11 +805,13 @@ def test_zoo_runs_end_to_end_and_reports_every_cell(tmp_path, cache_dir) -> None
     for r in rows:
         assert r["note"] == "" and r["rate"] > 0, r
         assert r["ratio"] is not None, r
+        assert (r["moved"] is None) == (r["loader"] != zoo.DEFAULT) and r["rounds"] == 1, r
     assert all(r["ratio"] == 1.0 for r in rows if r["loader"] == zoo.BASELINE)
     # One worker per process, as DataLoader splits the work.
     assert {(r["workers"], r["processes"]) for r in rows if r["loader"] == zoo.PROCESSES} == {(1, 1), (2, 2)}
     text = (out / "zoo.txt").read_text()
     assert "per torch call" in text and "DataLoader on every cell" in text
+    assert "default moved into processes in: " in text
     for n in names:
         assert n in text
     with open(out / "zoo.csv") as f:

@@ -44,6 +44,7 @@ __all__ = [
     "format_zoo_table",
     "run_zoo",
     "target_lines",
+    "Timed",
     "time_cell",
     "write_zoo_plot",
     "zoo_processes",
@@ -72,6 +73,10 @@ class ZooRow(NamedTuple):
     #: ``worker_processes`` of the cell (0: threads; None: DataLoader or the default).
     processes: int | None
     note: str = ""
+    #: The default's rounds whose workers moved into processes (None for the other loaders).
+    moved: int | None = None
+    #: Rounds timed.
+    rounds: int = 0
 
 
 def zoo_processes(workers: int, requested: int | None = None) -> int:
@@ -102,10 +107,17 @@ def _loader(
     return ThreadDataLoader(dataset, **kwargs)
 
 
+class Timed(NamedTuple):
+    """One timing of one cell."""
+
+    rate: float  # samples (items, unbatched) per second
+    moved: bool  # the default's workers ended in processes
+
+
 def time_cell(
     name: str, dataset: Any, collate: Callable[[list[Any]], Any] | None, batch_size: int | None,
     workers: int, timed: int, processes: int,
-) -> float:
+) -> Timed:
     """Samples per second of loader ``name`` over ``timed`` batches (items, unbatched), after the in-flight depth.
 
     Raises:
@@ -117,7 +129,8 @@ def time_cell(
     m = measure(loader, max_items=warmup + timed, warmup=warmup, counter=lambda _: per_item)
     if not m.complete or m.seconds <= 0:
         raise BenchError(f"{name}: {m.timed_items} items timed, expected {timed}")
-    return m.img_per_s
+    stats = loader.stats() if name == DEFAULT else None
+    return Timed(m.img_per_s, stats is not None and stats.mode.startswith("processes"))
 
 
 def _timed(workload: Workload, scale: Scale) -> int:
@@ -136,6 +149,7 @@ def measure_zoo(
     """Time every (workload, workers, loader) cell ``rounds`` times, interleaved; one row per cell (medians)."""
     built = {w.name: build_workload(w, scale, cache_dir) for w in workloads}
     rates: dict[tuple[str, int, str], list[float]] = {}
+    moves: dict[tuple[str, int, str], int] = {}  # rounds in which the default moved into processes
     errors: dict[tuple[str, int, str], str] = {}
     for r in range(rounds):
         t0 = time.perf_counter()
@@ -148,8 +162,9 @@ def measure_zoo(
                     if key in errors:
                         continue
                     try:
-                        rates.setdefault(key, []).append(
-                            time_cell(name, dataset, collate, w.batch_size, n, _timed(w, scale), p))
+                        timing = time_cell(name, dataset, collate, w.batch_size, n, _timed(w, scale), p)
+                        rates.setdefault(key, []).append(timing.rate)
+                        moves[key] = moves.get(key, 0) + timing.moved
                     except Exception as e:  # noqa: BLE001 - one failed cell must not end the zoo
                         errors[key] = f"failed: {type(e).__name__}: {e}".splitlines()[0][:160]
         if progress:
@@ -166,7 +181,8 @@ def measure_zoo(
                 rate = statistics.median(got) if got and key not in errors else None
                 ratio = rate / base_rate if rate and base_rate else None
                 procs = {THREADS: 0, PROCESSES: p}.get(name)
-                rows.append(ZooRow(w.name, n, name, rate, ratio, procs, errors.get(key, "")))
+                moved = moves.get(key, 0) if name == DEFAULT and got else None
+                rows.append(ZooRow(w.name, n, name, rate, ratio, procs, errors.get(key, ""), moved, len(got or ())))
     return rows
 
 
@@ -186,6 +202,10 @@ def format_zoo_table(rows: Sequence[ZooRow]) -> str:
         line += " ".join(f"{_ratio(by_key.get((workload, workers, name))):>14s}" for name in LOADERS[1:])
         lines.append(line)
     notes = [f"{r.workload} w={r.workers} {r.loader}: {r.note}" for r in rows if r.note]
+    moved = [f"{r.workload} w={r.workers} ({r.moved}/{r.rounds})" for r in rows if r.moved]
+    if any(r.moved is not None for r in rows):
+        notes.append("default moved into processes in: " + (", ".join(moved) if moved else "no cell")
+                     + "; elsewhere it stayed on threads")
     return "\n".join(lines + notes)
 
 
@@ -205,7 +225,7 @@ def _rate(row: ZooRow) -> str:
 
 def _ratio(row: ZooRow | None) -> str:
     if row is None or row.ratio is None:
-        return "failed" if row is not None and row.note else "-"
+        return "failed" if row is not None and row.rate is None else "-"
     return f"{row.ratio:.2f}x"
 
 
