@@ -331,3 +331,23 @@ def test_a_moved_worker_goes_on_with_its_worker_info_generators():
     expected = to_list(ThreadDataLoader(InfoRng(), worker_processes=0, **kwargs))
     _, got = _ours(InfoRng(), move_at=2, **kwargs)
     assert got == expected
+
+
+class InnerLoader(Dataset):
+    """Each sample runs a ThreadDataLoader of its own and returns where its workers ran."""
+
+    def __len__(self) -> int:
+        return 1
+
+    def __getitem__(self, i: int) -> str:
+        loader = ThreadDataLoader(Augmented(40), batch_size=4, num_workers=2)
+        to_list(loader)
+        return loader.stats().mode
+
+
+def test_a_loader_in_a_daemon_process_stays_on_threads(monkeypatch):
+    # DataLoader's worker processes are daemons, which may not start processes of their own.
+    monkeypatch.setenv(policy.MOVE_AFTER_ENV, "1")
+    (mode,) = list(DataLoader(InnerLoader(), batch_size=None, num_workers=1, multiprocessing_context=FORK))
+    assert mode == ("threads (adaptive: stays on threads, this process is a daemon (a worker process itself), "
+                    "which cannot start processes)")
