@@ -351,3 +351,45 @@ def test_a_loader_in_a_daemon_process_stays_on_threads(monkeypatch):
     (mode,) = list(DataLoader(InnerLoader(), batch_size=None, num_workers=1, multiprocessing_context=FORK))
     assert mode == ("threads (adaptive: stays on threads, this process is a daemon (a worker process itself), "
                     "which cannot start processes)")
+
+
+class Counting(Dataset):
+    """A dataset with its own state (``state_dict``): how many samples its copy fetched."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __len__(self) -> int:
+        return 40
+
+    def __getitem__(self, i: int):
+        self.count += 1
+        return i, self.count, torch.rand(1).item()
+
+    def state_dict(self) -> dict:
+        return {"count": self.count}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.count = state["count"]
+
+
+@pytest.mark.parametrize("move_after", ["0", "3"])
+def test_a_dataset_with_its_own_state_resumes_across_a_move_as_with_threads(monkeypatch, move_after):
+    def run():
+        torch.manual_seed(0)
+        kwargs = dict(batch_size=2, shuffle=True, num_workers=2, persistent_workers=True, multiprocessing_context=FORK)
+        loader = ThreadDataLoader(Counting(), **kwargs)
+        it = iter(loader)
+        head = [to_list(next(it)) for _ in range(6)]
+        state = loader.state_dict()
+        del it
+        resumed = ThreadDataLoader(Counting(), **kwargs)
+        resumed.load_state_dict(state)
+        return head + to_list(resumed) + to_list(resumed), loader.stats().mode
+
+    expected, mode = run()  # no move: the variable is not set
+    assert mode.startswith("threads")
+    monkeypatch.setenv(policy.MOVE_AFTER_ENV, move_after)
+    got, mode = run()
+    assert got == expected
+    assert mode.startswith("processes (adaptive: moved")
