@@ -18,17 +18,25 @@ from typing import Any
 
 from ..stats.counters import WorkerCounters
 from ..worker import inherit
-from ..worker.copies import retire, worker_parts
+from ..worker.copies import WorkerParts, retire, worker_parts
 from .protocol import STOPPED_MESSAGE, Job, WorkerConfig
 from .thread_view import WorkerThreadView
 from .worker_loop import _drain, _Shared, _worker_main
 
-__all__ = ["JOIN_BUDGET_S", "ThreadPool", "start_thread_pool"]
+__all__ = ["JOIN_BUDGET_S", "ThreadPool", "parts_for", "start_thread_pool"]
 
 #: How long shutdown waits, in total, for threads to finish the user call they
 #: are in. A thread stuck in user code is left to finish on its own (it is a
 #: daemon and exits at its next check); we never wait on it for long.
 JOIN_BUDGET_S = 1.0
+
+
+def parts_for(cfg: WorkerConfig, worker_id: int) -> WorkerParts:
+    """Worker ``worker_id``'s copies of the dataset and hooks: new ones, or those it had if it was handed over."""
+    handoff = cfg.handoffs.get(worker_id) if cfg.handoffs is not None else None
+    if handoff is not None:
+        return handoff.parts
+    return worker_parts(cfg.dataset, cfg.init_fn, cfg.collate_fn)
 
 
 def _stop_threads(shared: _Shared, threads: list[threading.Thread]) -> None:
@@ -99,12 +107,7 @@ class ThreadPool:
         # the state they had when the workers started, as a process forks them.
         # Its worker_init_fn and collate_fn too, where they hold generators or
         # lead to the dataset (a partial holding it), as they travel with it to a process.
-        # A worker handed over from elsewhere goes on with the copies it had.
-        handoffs = cfg.handoffs or {}
-        self._parts = parts = {
-            w: handoffs[w].parts if w in handoffs else worker_parts(cfg.dataset, cfg.init_fn, cfg.collate_fn)
-            for w in worker_ids
-        }
+        self._parts = parts = {w: parts_for(cfg, w) for w in worker_ids}
         #: Worker id -> its copy of the dataset (a persistent IterableDataset
         #: copy carries its own state from epoch to epoch, as in a worker process).
         self.replicas = {w: p.dataset for w, p in parts.items()}
