@@ -211,15 +211,15 @@ class AdaptivePool:
             for old, new in zip(threads.counters, processes.counters):
                 for name in _COUNTED:  # the epoch's totals go on from the threads'
                     setattr(new, name, getattr(old, name))
+            # From here stop() stops the processes too, whatever fails next.
+            held, self._held, self._parked, self._current = self._held, None, {}, processes
+            self.counters[:] = processes.counters
+            self._report.mode, self._report.reason, self._report.settled = Mode.PROCESSES, self._moved_reason(), True
             if processes.generation != threads.generation:
                 processes.new_epoch(threads.generation)
-            held, self._held, self._parked = self._held, None, {}
             for w, jobs in held.items():
                 for job in jobs:
                     processes.submit(w, job)
-            self._current = processes
-            self.counters[:] = processes.counters
-            self._report.mode, self._report.reason, self._report.settled = Mode.PROCESSES, self._moved_reason(), True
         threads.stop()  # idle: they end at once, and their copies here are retired (the children have theirs)
 
     def _moved_reason(self) -> str:
