@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+import weakref
 from typing import Any, Callable
 
 from ..engine.protocol import PARK_TASK, STOPPED_MESSAGE, Job, Kind, Message, Mode, ModeReport, Pool, WorkerConfig
@@ -54,7 +55,8 @@ class AdaptivePool:
         self._cfg = cfg
         self._report = report
         self._start_processes = start_processes
-        self._threads_before = {t.ident for t in threading.enumerate()}
+        # Thread objects, not idents: a new thread may get the ident of one that ended since.
+        self._threads_before: weakref.WeakSet[threading.Thread] = weakref.WeakSet(threading.enumerate())
         self._threads = ThreadPool(cfg, list(range(cfg.num_workers)))
         self._current: Pool = self._threads
         #: The workers' counters by id; the processes' replace them here when the workers move.
@@ -168,7 +170,7 @@ class AdaptivePool:
         meanwhile look the same: the workers stay threads then too.
         """
         return sorted(t.name for t in threading.enumerate()
-                      if t.ident not in self._threads_before and not t.name.startswith("threadloader-"))
+                      if t not in self._threads_before and not t.name.startswith("threadloader-"))
 
     def get(self, block: bool = True, timeout: float | None = None) -> Message:
         """The next message for the consumer (``queue.SimpleQueue.get``'s arguments and ``queue.Empty``).
