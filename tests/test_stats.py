@@ -447,3 +447,29 @@ def test_a_snapshot_never_mixes_two_epochs():
     assert snap["fetch_s"] == 0.0
     assert loader_stats.snapshot()["batches"] == 0  # the new epoch did start
 
+
+
+def _held_back_run(monkeypatch, gil_wait_s: float) -> ThreadDataLoader:
+    # Sixteen usable cores, of which the process uses two: threads held back, whether by
+    # the GIL or by I/O; the GIL probe tells the two apart (faked here, as the machine).
+    monkeypatch.setattr(sys, "_is_gil_enabled", lambda: True, raising=False)
+    monkeypatch.setattr(stats.cpu, "usable_cpus", lambda: list(range(16)))
+    monkeypatch.setattr(stats.cpu, "process_cpu_seconds", lambda: 2 * time.perf_counter())
+    monkeypatch.setattr(stats.cpu, "system_cpu_seconds", lambda cpus=None: (2 * time.perf_counter(), time.perf_counter()))
+    monkeypatch.setattr(procs_child, "process_cpu_seconds", one_core)
+    monkeypatch.setattr(stats.gil, "gil_wait", lambda probes=3: gil_wait_s)
+    loader = ThreadDataLoader(PythonLoop(100_000), batch_size=4, num_workers=4, multiprocessing_context="fork")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # neither case warns: the wider test only moves
+        run_for(loader, 4 * stats.gil.ADAPT_CHECK_INTERVAL_S + 0.5)
+    return loader
+
+
+def test_the_default_moves_threads_the_gil_holds_back_on_many_cores(monkeypatch):
+    loader = _held_back_run(monkeypatch, gil_wait_s=0.005)
+    assert loader.stats().mode.startswith("processes (adaptive: moved into 4 worker processes"), loader.stats().mode
+
+
+def test_threads_held_back_by_io_stay_threads(monkeypatch):
+    loader = _held_back_run(monkeypatch, gil_wait_s=0.00001)
+    assert loader.stats().mode.startswith("threads (adaptive: the workers move"), loader.stats().mode

@@ -197,11 +197,17 @@ class LoaderStats:
         message = gil.verdict(before, sample, window, num_workers=self._num_workers, usable_cores=self._cores,
                               narrowed=self._cpus is not None, workers_here=self._workers_here,
                               group_sizes=[len(group) for group in self._processes])
-        if message is None:
-            return
         act = self._on_gil_bound() if self._on_gil_bound is not None else None
         cores = (sample.cpu - before.cpu) / window
-        if act is not None and act(gil.GilBound(message, window, cores, sample.tasks - before.tasks)):
+        tasks = sample.tasks - before.tasks
+        if message is None:
+            if act is not None and self._workers_here:
+                # The pool may move its workers: the wider test (it never warns).
+                why = gil.held_back(before, sample, window, num_workers=self._num_workers, usable_cores=self._cores)
+                if why is not None and not act(gil.GilBound(why, window, cores, tasks)):
+                    self._on_gil_bound = None  # declined: no more probes of the GIL
+            return
+        if act is not None and act(gil.GilBound(message, window, cores, tasks)):
             return
         self.gil_warned = True
         warnings.warn(message, RuntimeWarning, stacklevel=gil.caller_stacklevel())

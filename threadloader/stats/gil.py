@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import statistics
 import sys
+import time
 from types import FrameType
 from typing import Any, NamedTuple
 
 __all__ = ["ADAPT_CHECK_INTERVAL_S", "FREE_CORE_THRESHOLD", "GIL_CHECK_INTERVAL_S", "GIL_WARNING",
-           "GIL_WARNING_PROCESSES", "GilBound", "Sample", "caller_stacklevel", "gil_bound", "verdict"]
+           "GIL_WARNING_PROCESSES", "GilBound", "Sample", "caller_stacklevel", "gil_bound", "gil_wait", "held_back",
+           "verdict"]
 
 #: Seconds between checks of whether the workers are GIL-bound.
 GIL_CHECK_INTERVAL_S = 1.0
@@ -91,6 +94,57 @@ def caller_stacklevel() -> int:
 def gil_bound(util: float, cores: float, min_util: float = 0.6) -> bool:
     """Busy threads that together use about one core: they take turns on a GIL (False on NaN)."""
     return util >= min_util and 0.5 <= cores <= 1.15
+
+
+#: The share of the cores the workers could use below which busy worker
+#: threads count as held back (:func:`held_back`).
+HELD_BACK_SHARE = 0.6
+
+#: How long the consumer waits to take the GIL back, after giving it up for
+#: a moment, before the GIL counts as contended: busy threads hold it (up to
+#: a switch interval each); threads that wait for I/O do not.
+CONTENDED_WAIT_S = 1e-3
+
+
+def gil_wait(probes: int = 3) -> float:
+    """Seconds the calling thread waits to take the GIL back after giving it up (the median of ``probes``)."""
+    waits = []
+    for _ in range(probes):
+        t0 = time.perf_counter()
+        time.sleep(0)  # gives the GIL up: a thread that wants it takes it
+        waits.append(time.perf_counter() - t0)
+    return statistics.median(waits)
+
+
+def held_back(before: Sample, after: Sample, window: float, *, num_workers: int, usable_cores: int) -> str | None:
+    """A wider test than :func:`verdict`, for a pool that may move its workers: threads the GIL holds back.
+
+    On many cores, threads whose work holds the GIL part of the time use
+    several cores but far fewer than they could. They count as held back
+    when they are busy, the training loop waits for data, they use less than
+    :data:`HELD_BACK_SHARE` of the cores they could use, a core stands idle,
+    and the GIL is contended (:func:`gil_wait`, read last: it costs the
+    caller up to a few switch intervals). On two cores this adds nothing to
+    :func:`verdict`.
+
+    Returns:
+        Why, in one line, or None.
+    """
+    util = (after.fetch - before.fetch) / (window * num_workers)
+    cores = (after.cpu - before.cpu) / window
+    if (after.wait - before.wait) / window < 0.25 or util < 0.6:
+        return None
+    if not 0.5 <= cores <= HELD_BACK_SHARE * min(num_workers, usable_cores):
+        return None
+    if before.system is not None and after.system is not None and after.system[1] > before.system[1]:
+        free = usable_cores - (after.system[0] - before.system[0]) / (after.system[1] - before.system[1])
+        if free < 1.0:
+            return None
+    wait = gil_wait()
+    if wait < CONTENDED_WAIT_S:
+        return None
+    return (f"the {num_workers} worker threads were busy {min(util, 1.0):.0%} of {window:.2f}s but used only "
+            f"{cores:.2f} of {usable_cores} cores, and the GIL was contended ({wait * 1e3:.1f} ms to take it back)")
 
 
 #: The busy share above which a child's threads count as busy. Lower than in
