@@ -231,14 +231,12 @@ def nbytes_of(shape: tuple[int, ...], dtype: torch.dtype) -> int:
 host_pool = BufferPool()
 
 #: The process's pool for decoded JPEG pixels (decode_image's). Fresh memory
-#: for every decoded image costs page faults, and in one process many threads
-#: faulting and unmapping memory serialise on the kernel's address-space lock:
-#: on 16 cores that alone held 16 decoding threads to ~60 % of the per-thread
-#: rate (measured). Blocks are rounded to
-#: 64 KiB so that images of different sizes share them. A batch's frames are
-#: all held until collate: a running loader reserves its threads' share (see
-#: ``BufferPool.reserve``); the base slack is one batch's worth, for
-#: decode_image called outside a loader.
+#: for every decoded image costs page faults. In one process, many threads
+#: faulting and unmapping memory serialise on the kernel's address-space lock.
+#: Blocks are rounded to 64 KiB so that images of different sizes share them.
+#: A batch's frames are all held until collate, so a running loader reserves
+#: its threads' share (see ``BufferPool.reserve``). The base slack is one
+#: batch's worth, for decode_image called outside a loader.
 decode_pool = BufferPool(slack=32, granule=64 << 10)
 
 if hasattr(os, "register_at_fork"):
