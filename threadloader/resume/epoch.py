@@ -4,10 +4,10 @@ An epoch's batches are a function of a few random states at the moment the
 epoch starts (after the iterator drew its base seed, before the sampler drew
 anything): the loader's ``generator`` or torch's global RNG, the generators of
 torch's samplers, and the ``state_dict()`` of samplers and datasets that have
-one. :class:`EpochStart` records them; :class:`ResumePlan` is what a resumed
-iterator replays: that start, and the tasks it skips (map-style, without
-fetching them) or reads again and drops (IterableDataset, whose replicas can
-only be advanced by reading).
+one. :class:`EpochStart` records them. :class:`ResumePlan` is what a resumed
+iterator replays: that start, and the tasks to pass over. A map-style
+dataset's tasks are skipped without fetching them. An IterableDataset's are
+read again and dropped: its replicas can only be advanced by reading.
 """
 
 from __future__ import annotations
