@@ -101,13 +101,11 @@ class BufferPool:
                 self._drop(1)  # the oldest, unmatched all that time: not part of the working set
             if block is None:
                 block = self._new_block(capacity)
-            # A new memoryview per loan, and the array over it: the weak
-            # reference watches the memoryview numpy keeps as the array's base.
-            # numpy collapses a view's base to the first object that is not a
-            # view-array, so every array made from this one (by slicing, or by
-            # a decoder writing into it) holds this memoryview, and so does
-            # torch's storage of a tensor made from it; it dies only when all
-            # of them are gone.
+            # A new memoryview per loan: the weak reference watches it. Every
+            # array made from this one, and torch's storage of a tensor made
+            # from it, holds this memoryview as its base (numpy collapses a
+            # view's base to the first object that is not a view-array). So it
+            # dies only when all of them are gone.
             lent = np.frombuffer(memoryview(block)[:nbytes], dtype=np.uint8)
             ref = weakref.ref(lent.base, self._give_back)  # numpy's own memoryview of it
             self._lent[id(ref)] = (ref, capacity, block)

@@ -172,11 +172,10 @@ class ResumePlan:
     # for a checkpoint of this resume before it runs).
     recorded_states: list[Any] | None = None
     # An IterableDataset with its own state, by worker: the copy's state
-    # right after the epoch's ``__iter__`` and after its last received
-    # batch. A resumed worker whose ``__iter__`` from the epoch-start state
-    # does not give the first of these again (its state is a position,
-    # restored on load, as StatefulDataLoader expects) loads the second and
-    # goes on from there instead of reading its received batches again.
+    # right after the epoch's ``__iter__``, and after its last received batch.
+    # Some states are positions, restored on load (as StatefulDataLoader
+    # expects): ``__iter__`` from the epoch-start state then does not give the
+    # first again. Such a resumed worker loads the second and goes on from it.
     iter_states: list[Any] | None = None
     resume_states: list[Any] | None = None
 
