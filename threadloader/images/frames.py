@@ -13,9 +13,9 @@ those of ``PILToTensor`` + ``default_collate``; its values are within one level
 of theirs. With ``normalize`` or ``dtype`` the batch is also converted to
 floats, in the calling (worker) thread.
 
-Batch buffers come from a pool (:mod:`threadloader.images.buffers`). A buffer
-is reused only once every tensor, view or array of its batch is gone. Pinned
-buffers come from torch's caching host allocator.
+Batch buffers come from a pool (:mod:`threadloader.images.buffers`) and are reused only
+once every tensor, view or array of the batch is gone; pinned ones come from
+torch's caching host allocator.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ __all__ = ["Frame", "frame_collate"]
 _from_numpy = torch.from_numpy
 _resize = _torch_compat.resize_op
 #: ``resize_into(sources, out, h, w)``: the image path's native resize (threadloader.images._native),
-#: bit-identical to ``_resize``, one native call per batch. ``threadloader.images.decode`` installs it
-#: where it is built; else None, and torch's op resizes, one call per image.
+#: bit-identical to ``_resize``, one native call per batch; installed by ``threadloader.images.decode``
+#: where it is built, else None (torch's op resizes, one call per image).
 _native_resize: Any = None
 
 
