@@ -10,8 +10,8 @@ tensor is made per image.
 frames are copied into theirs once. The batch is returned as the
 ``(N, C, H, W)`` channels-last view of that buffer. Its shape and dtype are
 those of ``PILToTensor`` + ``default_collate``; its values are within one level
-of theirs. With ``normalize`` or ``dtype`` the batch is also converted to
-floats, in the calling (worker) thread.
+of theirs. With ``normalize`` or ``dtype`` the batch is
+converted to floats too, in the calling (worker) thread.
 
 Batch buffers come from a pool (:mod:`threadloader.images.buffers`) and are reused only
 once every tensor, view or array of the batch is gone; pinned ones come from
