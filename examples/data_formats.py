@@ -14,8 +14,8 @@ The lessons:
   favour threads;
 * copies matter once I/O is cheap: a zero-copy loader saves one full pass over
   the bytes per sample;
-* compression trades CPU for bytes — ``zlib`` inflates under the GIL-free C
-  path, so it still scales with threads (zlib releases the GIL while it inflates).
+* compression trades CPU for bytes: ``zlib`` releases the GIL while it
+  inflates, so it still scales with threads.
 
 Run: ``python examples/data_formats.py [--smoke] [--workers 1,2] [--cache-dir DIR]``
 """

@@ -118,15 +118,16 @@ def init_distributed(backend: str) -> tuple[int, int, int]:
 def host_group() -> Any:
     """A gloo group of every rank, for collectives on tensors made in Python (metrics, the checkpoint dir).
 
-    Not the group DDP uses. Once a DDP model has used a group, torch keeps that
-    group and its gloo worker threads alive after ``destroy_process_group()``
-    (measured on torch 2.14.1). A gloo worker releases a collective's tensors
-    some time after the collective returned; if that is a tensor made in Python,
-    and the interpreter is already shutting down by then, the worker aborts the
-    process ("terminate called without an active exception", rare, more likely
-    on a loaded machine). DDP's own traffic (its gradient buckets) holds no
-    Python tensors, and this group, which no DDP model holds, is freed by
-    ``destroy_process_group()``, which first joins its threads.
+    Not the group DDP uses. Once a DDP model has used a group, torch (2.14.1)
+    keeps that group and its gloo worker threads alive after
+    ``destroy_process_group()``. A gloo worker releases a collective's tensors
+    some time after the collective returned. If that is a tensor made in
+    Python, and the interpreter is already shutting down by then, the worker
+    aborts the process ("terminate called without an active exception"). This
+    is rare, and more likely on a loaded machine. DDP's own traffic (its
+    gradient buckets) holds no Python tensors. This group, which no DDP model
+    holds, is freed by ``destroy_process_group()``, which first joins its
+    threads.
     """
     return dist.new_group(backend="gloo")
 

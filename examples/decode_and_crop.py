@@ -14,10 +14,9 @@ generates camera-size sources, where DCT scaling adds to the gain.
 In training, ``ImageFolder(root, loader=RandomResizedCropLoader(224))`` does
 this per sample. This script draws the same random crop boxes
 (``random_resized_crop_params``, torchvision's distribution, seeded) for both
-methods, checks that they
-give the same pixels within a small tolerance (DCT-domain scaling and resize
-order round differently), and measures both in ThreadDataLoader over worker
-counts.
+methods. It checks that they give the same pixels within a small tolerance
+(DCT-domain scaling and resize order round differently). Then it measures
+both in ThreadDataLoader over worker counts.
 
 Run: ``python examples/decode_and_crop.py [--smoke] [--root DIR] [--workers 1,2]``
 """

@@ -9,10 +9,11 @@ Batches of 16 by default: unbatched with cheap items (``--batch-size 0
 the scaling instead.
 
 Each interpreter given with ``--python`` runs the same measurement in a child
-process (``PYTHONPATH`` points at this checkout; ``PYTHON_GIL=0`` is set for
-free-threaded builds, and ``--ft-gil-on`` adds a run of each with ``PYTHON_GIL=1``). Rounds are interleaved -- interpreter A at 1, 2, ...
-workers, then B, then A again -- and each figure is the median over
-``--repeats`` rounds, so a noisy machine biases both alike. Read the ratios
+process (``PYTHONPATH`` points at this checkout). ``PYTHON_GIL=0`` is set for
+free-threaded builds; ``--ft-gil-on`` adds a run of each with ``PYTHON_GIL=1``.
+Rounds are interleaved: interpreter A at 1, 2, ... workers, then B, then A
+again. Each figure is the median over ``--repeats`` rounds, so a noisy machine
+biases both alike. Read the ratios
 (items/s at N workers over items/s at 1 worker, same interpreter), not the
 absolute figures.
 

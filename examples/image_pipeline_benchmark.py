@@ -1,6 +1,6 @@
 """ImageNet-style input pipeline: DataLoader vs ThreadDataLoader vs decode_image.
 
-Runs, on one generated ImageFolder (see threadloader.datagen), in one process:
+Runs, on one generated ImageFolder (see threadloader.images.datagen), in one process:
 
 1. DataLoader (worker processes) + ImageFolder + Resize((S, S)) + PILToTensor
 2. the same code with the class swapped to ThreadDataLoader

@@ -48,13 +48,13 @@ _last_module: list[object] = [None]
 def collect_what_the_test_left(module: object) -> None:
     """Collect the reference cycles a test left: a loader dropped in one stops its threads then.
 
-    A full collection walks every object: 0.2-0.3 s with torch and its kin
-    imported, done after each test about half the suite's time (2026-11-28).
+    A full collection walks every object, which is slow with torch imported.
+    Done after each test, it would take a large share of the suite's time.
     So what survives is frozen (``gc.freeze``) and the next test's collection
     walks only the objects made since. Everything is walked again after the
     first test of each module (module-scoped fixtures let go of theirs by then)
     and whenever a worker thread is still running (whatever holds it in a
-    cycle, however old, is then collected as before).
+    cycle, however old, is then collected too).
     """
     if module is not _last_module[0] or worker_threads():
         _last_module[0] = module

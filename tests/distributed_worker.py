@@ -148,8 +148,8 @@ def datapipe_runs(rank: int) -> dict[str, list]:
         pipe = IterableWrapper(range(DATAPIPE_N)).shuffle().sharding_filter()
         # The oracle's worker processes come from a forkserver, not a fork of
         # this process: before 3.11.10, CPython's child can deadlock in its
-        # after-fork clean-up when a native thread was entering Python at the
-        # fork (CPython gh-112275; seen once in CI, 2026-11-28; see
+        # after-fork clean-up when a native thread is entering Python at the
+        # fork (CPython gh-112275; see
         # tools/fork_race.py). Same batches.
         context = {"multiprocessing_context": "forkserver"} if cls is DataLoader else {}
         return cls(pipe, batch_size=DATAPIPE_BATCH, num_workers=2, persistent_workers=persistent, **context)

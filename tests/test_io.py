@@ -664,7 +664,7 @@ def test_load_npy_matches_numpy(arr, fortran, version) -> None:
 
 @pytest.mark.parametrize("shape", [(), (3,), (2, 0, 4), (4, 5)])
 def test_load_npy_of_empty_items_matches_numpy(shape) -> None:
-    # np.frombuffer refuses a zero itemsize: this used to be a bare ValueError.
+    # np.frombuffer refuses a zero itemsize: the loader must match np.load, not raise.
     data = _npy(np.zeros(shape, dtype="V0"))
     _same(load_npy(data), np.load(io.BytesIO(data)))
 
@@ -795,8 +795,8 @@ def test_crop_decode_reads_only_what_it_needs(rgb, jpeg) -> None:
 @settings(max_examples=60, deadline=None)
 @given(subsampling=st.sampled_from([0, 1, 2]), factor=st.sampled_from([1, 2, 4, 8]), data=st.data())
 def test_region_decode_equals_the_whole_scaled_image_sliced(subsampling, factor, data) -> None:
-    # Chroma-subsampled (4:2:2, 4:2:0) crops used to differ in their side
-    # columns: smooth upsampling took the region's sides for the image's.
+    # Chroma-subsampled (4:2:2, 4:2:0) crops must match in their side columns:
+    # smooth upsampling must not take the region's sides for the image's.
     pixels = photo_like_image(72, 100, seed=subsampling)
     jpg = encode(pixels, "JPEG", quality=90, subsampling=subsampling)
     sh, sw = -(-72 // factor), -(-100 // factor)
@@ -873,7 +873,7 @@ def test_lossless_jpeg_crop_is_the_whole_decode_sliced(rgb, jpeg) -> None:
     assert _is_lossless_jpeg(memoryview(bytearray(lossless)))
     assert not _is_lossless_jpeg(encode(rgb, "JPEG", progressive=True))
     assert np.array_equal(decode_image(lossless).numpy(), rgb)
-    # TurboJPEG refused to crop it: the file was called corrupt.
+    # TurboJPEG refuses to crop it: the crop must still decode, not be called corrupt.
     assert np.array_equal(decode_image(lossless, crop=(8, 16, 30, 40)).numpy(), rgb[8:38, 16:56])
 
 

@@ -1046,8 +1046,8 @@ def _dead_worker_dataloader_outcomes() -> tuple:
 @pytest.mark.parametrize("worker_processes", [0, 1])
 def test_dead_worker_is_skipped_after_its_error_as_dataloader_skips_a_dead_process(exc, worker_processes):
     # DataLoader (the oracle) raises once where the dead worker's task was
-    # due, then goes on with the other workers' tasks. The iterator used to
-    # wait forever for the dead one's.
+    # due, then goes on with the other workers' tasks. Ours must not wait
+    # forever for the dead one's.
     expected = list(_dead_worker_dataloader_outcomes())
     assert expected == [0, 1, "exited", 3, 5, "StopIteration"]
     got = outcomes(ThreadDataLoader(_DiesAt(exc), batch_size=None, num_workers=2, timeout=20,
@@ -1062,8 +1062,8 @@ class _NeedsArgument(SystemExit):
 
 @pytest.mark.parametrize("exc", [SystemExit(threading.Lock()), _NeedsArgument(3, "x")], ids=["unpicklable", "no_unpickle"])
 def test_a_worker_ended_by_an_exception_that_cannot_cross_processes_still_dies_as_dataloaders(exc):
-    # Its death must still reach the consumer (it used to be lost: next() waited
-    # for the dead worker's task for ever), named by the exception's repr.
+    # Its death must still reach the consumer (else next() waits for the dead
+    # worker's task for ever), named by the exception's repr.
     loader = ThreadDataLoader(_DiesAt(exc), batch_size=None, num_workers=2, timeout=20, worker_processes=1)
     with pytest.raises(RuntimeError) as info:
         list(loader)
@@ -1130,8 +1130,8 @@ def test_timeout_does_not_fire_when_data_arrives():
 @pytest.mark.parametrize("worker_processes", [0, 1])
 def test_next_after_the_workers_are_shut_down_ends_the_epoch_as_in_dataloader(worker_processes):
     # DataLoader's _shutdown_workers marks every worker unavailable: a next()
-    # skips their undone tasks and ends the epoch. Ours used to wait for ever
-    # (timeout here: it raised timeouts instead).
+    # skips their undone tasks and ends the epoch. Ours must not wait for ever
+    # (with a timeout, it must not raise timeouts instead).
     def run(cls, **kw):
         # Sample 0 comes at once, the others late: none is received ahead at the shutdown.
         it = iter(cls(Slow(20, 0.5, slow=set(range(1, 20))), batch_size=None, num_workers=2, timeout=5, **kw))
@@ -1311,8 +1311,8 @@ def _events(loader, limit: int = 12) -> list:
 @pytest.mark.parametrize("worker_processes", [0, 1])
 def test_a_bad_index_from_a_batch_sampler_fails_its_task_only_as_in_dataloader(bad, worker_processes):
     # DataLoader sends the item to a worker, whose fetch raises; the error comes
-    # in that task's turn and the epoch goes on. It used to escape from the
-    # prefetch on the training loop's thread, or kill a worker thread.
+    # in that task's turn and the epoch goes on. It must not escape from the
+    # prefetch on the training loop's thread, nor kill a worker thread.
     items = [[0], [1], [2], bad, [4], [5]]
     expected = _events(DataLoader(Squares(8), batch_sampler=_ListedBatches(items), num_workers=2))
     got = _events(ThreadDataLoader(Squares(8), batch_sampler=_ListedBatches(items), num_workers=2,

@@ -1169,7 +1169,7 @@ KILLED_MID_WRITE_CHILD = textwrap.dedent(
 @pytest.mark.parametrize("how", ["killed", "break"])
 def test_a_child_gone_in_the_middle_of_writing_a_result_hangs_nothing(how):
     # The receiver reading the cut message gets an end of file: the parent
-    # keeps no copy of the pipe's write end (it used to wait for ever).
+    # keeps no copy of the pipe's write end, so it cannot wait for ever.
     out = subprocess.run([sys.executable, "-c", KILLED_MID_WRITE_CHILD, how], capture_output=True, text=True,
                          timeout=60)
     last = (out.stdout.strip().splitlines() or [out.stderr[-500:]])[-1]

@@ -2,11 +2,11 @@
 
 On CPython 3.8 to 3.11.9 a child forked while another thread holds the interpreter's
 thread-list lock waits on that lock for ever (``PyOS_AfterFork_Child`` ->
-``_PyEval_ReInitThreads`` -> ``_PyThreadState_DeleteExcept``). As we read 3.11, a
-Python thread takes that lock only while holding the GIL, which the forking thread
-holds, so the holder is a thread without the GIL, such as a native thread entering
-Python (``PyGILState_Ensure`` makes its thread state under the lock). This tool
-counts the children that hang, in one of three settings:
+``_PyEval_ReInitThreads`` -> ``_PyThreadState_DeleteExcept``). In 3.11's source, a
+Python thread takes that lock only while holding the GIL, and the forking thread
+holds the GIL. So the holder is a thread without the GIL, such as a native thread
+entering Python (``PyGILState_Ensure`` makes its thread state under the lock).
+This tool counts the children that hang, in one of three settings:
 
   native  N forks (a child that has not exited within 5 s counts as hung) while a
           helper thread keeps starting native threads (``pthread_create`` through

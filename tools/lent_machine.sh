@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Issue 8's measurements on a lent 16-core GPU machine: each mode is one call of
+# The 16-core measurements of docs/results.md, on a lent GPU machine: each mode is one call of
 # the `device` tool's `run` (under its 600 s limit) and writes its results to
 # $OUT (or ./bench-out when OUT is unset).
 #
 # That machine has torch, torchvision, Pillow and matplotlib but not the JPEG
-# codec. Here, once per session, in the repository root (.gitignore keeps the
+# codec. Here, once per checkout, in the repository root (.gitignore keeps the
 # wheels out of git, so they travel only when carried):
 #
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \

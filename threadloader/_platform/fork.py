@@ -1,23 +1,24 @@
 """What a forked child must not keep as it was: locks held by other threads, pipe ends it must not hold.
 
 A child forked while another thread of the parent held one of our locks would
-start with it held for ever (the forking thread is the only one there), and
-its first use would hang: a ``worker_processes`` loader (or a DataLoader)
-started with ``fork`` while another loader's threads run, say. Module-level
-locks are named by module (:func:`renew_after_fork`), an object's own locks by
-the object (:func:`renew_lock_after_fork`, held weakly); each is renewed as its
-own kind (a reentrant lock stays reentrant). The buffer pools reset
+start with it held for ever (the forking thread is the only one there). Its
+first use would hang. This happens, say, to a ``worker_processes`` loader (or a
+DataLoader) started with ``fork`` while another loader's threads run.
+Module-level locks are named by module (:func:`renew_after_fork`). An object's
+own locks are named by the object (:func:`renew_lock_after_fork`, held
+weakly). Each is renewed as its own kind (a reentrant lock stays reentrant).
+The buffer pools reset
 more than their lock and register their own hook (:mod:`threadloader.images.buffers`).
 
-A forked child also holds a copy of every file descriptor open at the fork,
-among them, for a moment, the write end of another ``worker_processes``
-child's result pipe: between the pipe's creation and its close in the parent
-once its own child has started. A child forked in that moment (another pool
+A forked child also holds a copy of every file descriptor open at the fork.
+For a moment, these include the write end of another ``worker_processes``
+child's result pipe: from the pipe's creation to its close in the parent, once
+its own child has started. A child forked in that moment (another pool
 starting in another thread, a DataLoader, ``os.fork``) would keep that pipe
-open, so the receiver of a child killed in the middle of a message would wait
-for the rest for ever instead of reading end of file. Such descriptors are
-registered (:func:`private_fd`) and, in every forked child but the one they
-are for (:func:`forking_for`), pointed at ``/dev/null``.
+open. The receiver of a child killed in the middle of a message would then
+wait for the rest for ever instead of reading end of file. So such
+descriptors are registered (:func:`private_fd`). In every forked child but the
+one they are for (:func:`forking_for`), they are pointed at ``/dev/null``.
 """
 
 from __future__ import annotations

@@ -289,7 +289,7 @@ def resize_uint8_channels_last(src: torch.Tensor, size: tuple[int, int], out: to
 
     torch's own AVX2 uint8 kernel. Called through its private op so that it
     writes straight into a channels-last output: ``F.interpolate`` returns
-    NCHW, and the transpose back costs about a third of the resize.
+    NCHW, and the transpose back would add a large share of the resize's time.
     """
     resize_op(src.permute(0, 3, 1, 2), size, False, out=out.permute(0, 3, 1, 2))
 

@@ -8,19 +8,24 @@ each add one stage to the last:
 3. ``normalize`` + float conversion and normalization;
 4. ``gpu``       + transfer to the GPU (only when CUDA exists).
 
-Rows: DataLoader with the classic PIL + torchvision pipeline in worker
-processes; DataLoader's processes running the frame kernel (``decode_image`` +
-``frame_collate``); ThreadDataLoader running that kernel in threads; the same
-spread over ``worker_processes=P`` child processes (where ThreadDataLoader has
-that keyword); and the kernel bound, measured: the kernel alone in k =
-min(workers, cores) independent processes at once, one thread each, all
-their images over the span from the first start to the last end. Worker
-counts go up to twice the cores.
+Rows:
 
-Throughput is warm: the first ``--warmup`` batches, and never fewer than
-the in-flight depth (2 x workers samples or batches: what was made before
-the clock could start), are not timed; the time to the first batch is reported on its own.
-A run too short to time one batch after warm-up gets no rate. The Python time
+* DataLoader with the classic PIL + torchvision pipeline in worker processes;
+* DataLoader's processes running the frame kernel (``decode_image`` +
+  ``frame_collate``);
+* ThreadDataLoader running that kernel in threads;
+* the same spread over ``worker_processes=P`` child processes (where
+  ThreadDataLoader has that keyword);
+* the kernel bound, measured: the kernel alone in k = min(workers, cores)
+  independent processes at once, one thread each. Its rate is all their
+  images over the span from the first start to the last end.
+
+Worker counts go up to twice the cores.
+
+Throughput is warm: the first ``--warmup`` batches are not timed. Never fewer
+than the in-flight depth are left untimed (2 x workers samples or batches:
+what was made before the clock could start). The time to the first batch is
+reported on its own. A run too short to time one batch after warm-up gets no rate. The Python time
 per image of the frame path (its single-thread time minus that of its native
 calls alone) is printed below the table.
 

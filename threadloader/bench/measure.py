@@ -66,8 +66,8 @@ class Measurement:
         """CPU cores kept busy on average during the timed part; None when the CPU time cannot resolve it.
 
         A window shorter than 20 times the CPU time's resolution (0.05 cores)
-        has no figure: read in clock ticks, a 20 ms window showed 9 cores on
-        a 2-core machine.
+        has no figure: read in clock ticks, a short window can show more cores
+        than the machine has.
         """
         if self.cpu_s is None or self.seconds <= 0 or self.cpu_resolution_s > 0.05 * self.seconds:
             return None

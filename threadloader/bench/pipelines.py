@@ -71,7 +71,7 @@ THREADS_IN_PROCESSES = "ThreadDataLoader, processes"
 #: Not a loader: the frame kernel alone in min(workers, cores) processes at once (bench/kernel_bound.py).
 KERNEL_BOUND = "kernel bound"
 
-#: The two loaders of the original comparison (and the default of run_comparison).
+#: The two loaders compared by default (run_comparison's default).
 LOADERS = (BASELINE, THREADS)
 #: Every loader the main job can run, in table order.
 ALL_LOADERS = (BASELINE, PROCESS_KERNEL, THREADS, THREADS_IN_PROCESSES)

@@ -1,12 +1,14 @@
 """``python -m threadloader bench --proxy``: the GIL load of many cores, on a few.
 
-On many cores each image costs ~1.3 ms of native work per core plus a little
+On many cores each image costs its native work per core plus a little
 GIL-held work. Images whose decode + resize costs 1/8 as much (112x149 JPEGs,
 same quality and grain as the generated ImageNet-like set, resized to 67x67)
-put the same GIL load per core on a small machine: 2 workers on 2 cores stand
-for 16 on 16, 4 for 32. Rows, measured in interleaved rounds (the best of
-each cell counts): threads, DataLoader processes with the same kernel, and
-the kernel alone in min(workers, cores) processes.
+put the same GIL load per core on a small machine. So 2 workers on 2 cores
+stand for 16 on 16, and 4 for 32.
+
+Rows, measured in interleaved rounds (the best of each cell counts): threads,
+DataLoader processes with the same kernel, and the kernel alone in
+min(workers, cores) processes.
 
 GIL hand-offs per image are counted with perf uprobes on the interpreter's
 ``take_gil``/``drop_gil`` (``tools/gil_probes.sh`` adds them): *releases* are

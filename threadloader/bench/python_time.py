@@ -143,7 +143,7 @@ def python_time_per_image(
     Measured twice, each as the best of ``rounds`` interleaved runs:
 
     * on the bench's JPEGs (``files``): the figure as defined, but the native
-      time is ~50x the difference and varies by more than it from run to run;
+      time is many times the difference and varies by more than it from run to run;
     * on small JPEGs written to a temporary folder (:data:`SMALL_IMAGE` to
       :data:`SMALL_SIZE`): the same calls on the same objects -- the Python
       around them does not depend on the pixel count -- with little native

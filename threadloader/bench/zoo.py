@@ -230,7 +230,7 @@ def _ratio(row: ZooRow | None) -> str:
 
 
 def target_lines(rows: Sequence[ZooRow]) -> list[str]:
-    """Whether the issue's targets hold: default >= 0.95x and processes >= 1.0x DataLoader on every workload."""
+    """Whether the zoo's targets hold: default >= 0.95x and processes >= 1.0x DataLoader on every workload."""
     out = []
     for name, goal in ((DEFAULT, 0.95), (PROCESSES, 1.0)):
         got = [r for r in rows if r.loader == name]

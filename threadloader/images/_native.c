@@ -164,7 +164,7 @@ static int read_whole(job *j) {
     return 0;
 }
 
-/* As threadloader.io.image._dct_factor: 1/2, 1/4, 1/8 (the SIMD-fast scales) while the
+/* As threadloader.images.decode._dct_factor: 1/2, 1/4, 1/8 (the SIMD-fast scales) while the
  * scaled image stays >= reducing_gap x size. */
 static int dct_factor(int h, int w, const job *j) {
     if (j->size_h <= 0 || j->reducing_gap <= 0) return 1;

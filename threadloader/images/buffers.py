@@ -101,13 +101,11 @@ class BufferPool:
                 self._drop(1)  # the oldest, unmatched all that time: not part of the working set
             if block is None:
                 block = self._new_block(capacity)
-            # A new memoryview per loan, and the array over it: the weak
-            # reference watches the memoryview numpy keeps as the array's base.
-            # numpy collapses a view's base to the first object that is not a
-            # view-array, so every array made from this one (by slicing, or by
-            # a decoder writing into it) holds this memoryview, and so does
-            # torch's storage of a tensor made from it; it dies only when all
-            # of them are gone.
+            # A new memoryview per loan: the weak reference watches it. Every
+            # array made from this one, and torch's storage of a tensor made
+            # from it, holds this memoryview as its base (numpy collapses a
+            # view's base to the first object that is not a view-array). So it
+            # dies only when all of them are gone.
             lent = np.frombuffer(memoryview(block)[:nbytes], dtype=np.uint8)
             ref = weakref.ref(lent.base, self._give_back)  # numpy's own memoryview of it
             self._lent[id(ref)] = (ref, capacity, block)
@@ -231,14 +229,12 @@ def nbytes_of(shape: tuple[int, ...], dtype: torch.dtype) -> int:
 host_pool = BufferPool()
 
 #: The process's pool for decoded JPEG pixels (decode_image's). Fresh memory
-#: for every decoded image costs page faults, and in one process many threads
-#: faulting and unmapping memory serialise on the kernel's address-space lock:
-#: on 16 cores that alone held 16 decoding threads to ~60 % of the per-thread
-#: rate (measured). Blocks are rounded to
-#: 64 KiB so that images of different sizes share them. A batch's frames are
-#: all held until collate: a running loader reserves its threads' share (see
-#: ``BufferPool.reserve``); the base slack is one batch's worth, for
-#: decode_image called outside a loader.
+#: for every decoded image costs page faults. In one process, many threads
+#: faulting and unmapping memory serialise on the kernel's address-space lock.
+#: Blocks are rounded to 64 KiB so that images of different sizes share them.
+#: A batch's frames are all held until collate, so a running loader reserves
+#: its threads' share (see ``BufferPool.reserve``). The base slack is one
+#: batch's worth, for decode_image called outside a loader.
 decode_pool = BufferPool(slack=32, granule=64 << 10)
 
 if hasattr(os, "register_at_fork"):

@@ -11,7 +11,7 @@ With ``size``, the frame holds the decoded pixels and the pending size: the
 antialiased resize (torch's uint8 kernel, Pillow's ``resize`` to +-1 level)
 runs when the frame is collated -- straight into its slot of the batch -- or
 first read. Safe to call from many threads at once: the only module-level
-state is the decoders' buffer pool (``threadloader._pool``), which is
+state is the decoders' buffer pool (``threadloader.images.buffers``), which is
 thread-safe.
 """
 
@@ -381,8 +381,8 @@ def _watching_load_read(im: Any, fp: _EndWatch) -> Iterator[None]:
     try:
         yield
     finally:
-        # The wrapper holds the image (a reference cycle): left in place, every
-        # image waited for the garbage collector (+15% time on a 256² PNG).
+        # The wrapper holds the image (a reference cycle). Left in place, every
+        # image would wait for the garbage collector.
         del im.load_read
 
 
@@ -393,7 +393,7 @@ def _decode_pillow(data: Any, src: Any, crop: Sequence[int] | None) -> np.ndarra
         # Open with the file's plugin alone: the other plugins' probes read
         # past the end of small files, which must not count as truncation.
         # The common formats are told by their signature; Pillow identifies
-        # the rest (a first open, 8 µs: a fifth of a 32x32 PNG's decode).
+        # the rest (a first open, costly beside a small image's decode).
         fmt = _signature_format(data)
         if fmt is None:
             with Image.open(io.BytesIO(data)) as probe:
@@ -534,8 +534,8 @@ def decode_image(
 def _bind_native() -> Callable[..., Any] | None:
     """``_native.load`` bound to the TurboJPEG library, or None (not built, no library, or turned off).
 
-    ``THREADLOADER_NATIVE=0`` turns it off (the Python path then decodes
-    every file, as it did before the native part existed).
+    ``THREADLOADER_NATIVE=0`` turns it off: the Python path then decodes
+    every file.
     """
     if os.environ.get("THREADLOADER_NATIVE", "1") == "0":
         return None

@@ -2,15 +2,18 @@
 
 A :class:`Frame` wraps decoded HWC uint8 pixels in a NumPy array, possibly with
 a pending resize (what ``decode_image(..., size=...)`` returns): no torch
-tensor is made per image. :func:`frame_collate` walks a batch exactly like
-``torch.utils.data.default_collate``; frames at one position become one
-``(N, H, W, C)`` buffer -- each pending resize runs straight into its slot, other
-frames are copied into theirs once -- returned as the ``(N, C, H, W)``
-channels-last view: the shape and dtype a user gets from ``PILToTensor`` +
-``default_collate``, and values within one level of them. With ``normalize``/``dtype`` the batch is
+tensor is made per image.
+
+:func:`frame_collate` walks a batch exactly like
+``torch.utils.data.default_collate``. Frames at one position become one
+``(N, H, W, C)`` buffer. Each pending resize runs straight into its slot; other
+frames are copied into theirs once. The batch is returned as the
+``(N, C, H, W)`` channels-last view of that buffer. Its shape and dtype are
+those of ``PILToTensor`` + ``default_collate``; its values are within one level
+of theirs. With ``normalize`` or ``dtype`` the batch is
 converted to floats too, in the calling (worker) thread.
 
-Batch buffers come from a pool (:mod:`threadloader._pool`) and are reused only
+Batch buffers come from a pool (:mod:`threadloader.images.buffers`) and are reused only
 once every tensor, view or array of the batch is gone; pinned ones come from
 torch's caching host allocator.
 """
@@ -36,7 +39,7 @@ __all__ = ["Frame", "frame_collate"]
 _from_numpy = torch.from_numpy
 _resize = _torch_compat.resize_op
 #: ``resize_into(sources, out, h, w)``: the image path's native resize (threadloader.images._native),
-#: bit-identical to ``_resize``, one native call per batch; installed by ``threadloader.io.image``
+#: bit-identical to ``_resize``, one native call per batch; installed by ``threadloader.images.decode``
 #: where it is built, else None (torch's op resizes, one call per image).
 _native_resize: Any = None
 
@@ -174,7 +177,7 @@ def _batch_buffer(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     arena = _context.child_arena()
     if arena is not None:
         # A worker_processes child: shared memory the loader's process maps
-        # once and hands back when the consumer lets go (_procs.arena).
+        # once and hands back when the consumer lets go (procs/arena.py).
         return arena.take(shape, dtype)
     info = torch.utils.data.get_worker_info()
     if info is not None and getattr(info, "worker_method", "process") != "thread":

@@ -145,7 +145,7 @@ class ImageTransform:
         # On the CPU a mixed-dtype addcmul is not vectorized, and in channels-last
         # memory a (1, C, 1, 1) broadcast has an innermost run of only C. A
         # vectorized uint8 -> float copy, then an in-place addcmul over rows of
-        # W * C values with the coefficients tiled along the row, is ~5x faster.
+        # W * C values with the coefficients tiled along the row, is much faster.
         out.copy_(x)
         if out.is_contiguous(memory_format=torch.channels_last) and c > 1 and n * h * w > 0:
             rows = out.permute(0, 2, 3, 1).view(n * h, w * c)
@@ -192,7 +192,7 @@ class ImageTransform:
             # device-to-host sync on CUDA. Works on a copy: x is never modified.
             flipped = x.clone()
             if x.device.type == "cpu":
-                # index_copy_ is not vectorized on the CPU; per-sample copies are ~10x faster.
+                # index_copy_ is not vectorized on the CPU; per-sample copies are much faster.
                 for i in flips.tolist():
                     flipped[i].copy_(x[i].flip(-1))
             else:

@@ -5,10 +5,11 @@ arguments, and it builds it with the name ``DataLoader`` of
 ``accelerate.data_loader``, whatever the class of the loader it was given. A
 ThreadDataLoader therefore comes back as a plain DataLoader: loading moves to
 worker processes, and ``stats()`` and the thread loader's ``state_dict()`` are
-gone, without a warning. No subclass survives that, so these helpers run
+gone, without a warning. No subclass survives that. So these helpers run
 Accelerate's own code with that name pointing at a builder of
-:class:`ThreadDataLoader` (which also carries ``worker_processes``) for the
-duration of the call, and only when the loader being prepared is one::
+:class:`ThreadDataLoader` (which also carries ``worker_processes``). The name
+points there for the duration of the call, and only when the loader being
+prepared is one::
 
     from threadloader.integrations import accelerate as tl_accelerate
 

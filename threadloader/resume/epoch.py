@@ -4,10 +4,10 @@ An epoch's batches are a function of a few random states at the moment the
 epoch starts (after the iterator drew its base seed, before the sampler drew
 anything): the loader's ``generator`` or torch's global RNG, the generators of
 torch's samplers, and the ``state_dict()`` of samplers and datasets that have
-one. :class:`EpochStart` records them; :class:`ResumePlan` is what a resumed
-iterator replays: that start, and the tasks it skips (map-style, without
-fetching them) or reads again and drops (IterableDataset, whose replicas can
-only be advanced by reading).
+one. :class:`EpochStart` records them. :class:`ResumePlan` is what a resumed
+iterator replays: that start, and the tasks to pass over. A map-style
+dataset's tasks are skipped without fetching them. An IterableDataset's are
+read again and dropped: its replicas can only be advanced by reading.
 """
 
 from __future__ import annotations
@@ -172,11 +172,10 @@ class ResumePlan:
     # for a checkpoint of this resume before it runs).
     recorded_states: list[Any] | None = None
     # An IterableDataset with its own state, by worker: the copy's state
-    # right after the epoch's ``__iter__`` and after its last received
-    # batch. A resumed worker whose ``__iter__`` from the epoch-start state
-    # does not give the first of these again (its state is a position,
-    # restored on load, as StatefulDataLoader expects) loads the second and
-    # goes on from there instead of reading its received batches again.
+    # right after the epoch's ``__iter__``, and after its last received batch.
+    # Some states are positions, restored on load (as StatefulDataLoader
+    # expects): ``__iter__`` from the epoch-start state then does not give the
+    # first again. Such a resumed worker loads the second and goes on from it.
     iter_states: list[Any] | None = None
     resume_states: list[Any] | None = None
 

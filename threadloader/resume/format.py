@@ -21,7 +21,8 @@ from .states import CheckpointUnavailable, _has_state
 
 __all__ = ["STATE_VERSION", "check_state", "loader_shape", "make_state", "plan_from_state", "unavailable_state"]
 
-#: 2: generator states as base64 strings (1 held tensors; refused, it was never released).
+#: The state dict's version: 2 holds generator states as base64 strings. Version 1 held tensors;
+#: it is refused (no release wrote it).
 STATE_VERSION = 2
 
 

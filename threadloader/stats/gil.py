@@ -149,8 +149,8 @@ def held_back(before: Sample, after: Sample, window: float, *, num_workers: int,
 
 #: The busy share above which a child's threads count as busy. Lower than in
 #: this process: a child's dispatcher needs its GIL to hand each job over, so
-#: GIL-bound threads there also wait for jobs, outside their fetch (measured
-#: 0.50-0.62 with two threads of pure Python in one child on 2 cores).
+#: GIL-bound threads there also wait for jobs, outside their fetch, and so
+#: look less busy.
 _CHILD_MIN_UTIL = 0.4
 
 #: The busy share from which a child's thread counts as one of its busy threads.

@@ -2,13 +2,14 @@
 
 A worker process works on its own copy of the dataset, ``collate_fn`` and
 ``worker_init_fn`` (forked, or unpickled together). A worker thread gets a
-shallow copy of the dataset (its own attribute namespace; the data the dataset
-holds stays one shared object) in which every random generator the dataset or
-the hooks reach is the worker's own copy, and so is each object on the way to
-one: a transform pipeline (``dataset.transform``, a ``Compose`` holding
-transforms each holding a ``RandomState``, as MONAI's do) is copied down to its
-generators, so the draws do not depend on how threads interleave and a
-``worker_init_fn`` that reseeds them reseeds that worker's alone. What leads to
+shallow copy of the dataset: its own attribute namespace, while the data the
+dataset holds stays one shared object. In that copy, every random generator
+the dataset or the hooks reach is the worker's own copy, and so is each object
+on the way to one. So a transform pipeline (``dataset.transform``, a
+``Compose`` holding transforms each holding a ``RandomState``, as MONAI's do)
+is copied down to its generators. The draws then do not depend on how threads
+interleave, and a ``worker_init_fn`` that reseeds them reseeds that worker's
+alone. What leads to
 the dataset (``functools.partial(reseed, dataset=ds)`` as ``worker_init_fn``)
 is copied the same way, so it reaches the worker's copy. What leads to neither
 is shared. An IterableDataset is deep-copied instead, its data aside (see

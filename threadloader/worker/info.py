@@ -1,14 +1,15 @@
 """Worker info and per-worker randomness for worker threads.
 
 Each worker thread gets torch's own ``WorkerInfo`` (``worker_method="thread"``)
-in a thread-local slot (``seed = base_seed + worker_id`` as in DataLoader), and
-its own generators seeded exactly as ``torch``'s ``_worker_loop`` seeds a worker
-process: ``random.Random(seed)``, a ``torch.Generator`` seeded with ``seed`` and
-a legacy NumPy ``RandomState`` seeded with ``_generate_state(base_seed, id)``.
-While the thread is a worker, the *global* RNG API (``torch.manual_seed``,
-``torch.rand``, ``random.random``, ``np.random.rand``...) acts on those
-generators (see ``_rng``), so worker code behaves as in a worker process and the
-training loop's RNG is never touched. ``info.rng`` holds the same generators
+in a thread-local slot (``seed = base_seed + worker_id`` as in DataLoader). It
+also gets its own generators, seeded exactly as ``torch``'s ``_worker_loop``
+seeds a worker process: ``random.Random(seed)``, a ``torch.Generator`` seeded
+with ``seed`` and a legacy NumPy ``RandomState`` seeded with
+``_generate_state(base_seed, id)``. While the thread is a worker, the *global*
+RNG API (``torch.manual_seed``, ``torch.rand``, ``random.random``,
+``np.random.rand``...) acts on those generators (see :mod:`.rng`). So worker
+code behaves as in a worker process, and the training loop's RNG is never
+touched. ``info.rng`` holds the same generators
 (``torch.random.thread_safe_generator()`` returns the worker's torch generator).
 """
 

@@ -10,14 +10,17 @@ in the starting thread and :func:`run_inheriting` sets it up in the new one.
 
 Carried: torch's grad mode, the ``contextvars`` (a ``decimal`` context as a
 copy: that object is mutable and each process has its own), NumPy's error
-state (a context variable in NumPy 2, thread-local in NumPy 1: set either way). Inference mode is carried as grad mode off: the
-tensors a worker thread makes reach the training loop as they are (a worker
-process's are rebuilt there), and inference tensors would refuse to be saved
-for backward if a persistent worker started under ``inference_mode`` served a
-training epoch. Not carried: autocast and torch function modes
-(``torch.device(...)`` as a context manager), which docs/differences.md lists
-among the differences. threadloader's own context variables (the per-worker random
-routing) are never inherited: each worker sets its own.
+state (a context variable in NumPy 2, thread-local in NumPy 1: set either way).
+
+Inference mode is carried as grad mode off. The tensors a worker thread makes
+reach the training loop as they are (a worker process's are rebuilt there).
+Inference tensors would refuse to be saved for backward if a persistent worker
+started under ``inference_mode`` served a training epoch.
+
+Not carried: autocast and torch function modes (``torch.device(...)`` as a
+context manager); docs/differences.md lists them among the differences.
+threadloader's own context variables (the per-worker random routing) are never
+inherited: each worker sets its own.
 """
 
 from __future__ import annotations

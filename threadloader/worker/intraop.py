@@ -9,14 +9,14 @@ training loop: it stores a process-wide value.
 
 :func:`limit_this_thread` makes torch ops called *from the calling thread*
 single-threaded and leaves every other thread (the main thread included) as
-it is. It first lets torch run its lazy per-thread initialisation (the first
+it is. It first lets torch run its lazy per-thread initialisation. (The first
 ``torch.get_num_threads()`` in a thread copies the process-wide value into the
-thread's OpenMP state; run later, it would undo ours), then sets that thread's
-OpenMP ``nthreads-var`` to 1 with ``omp_set_num_threads``, a per-thread
-setting in OpenMP, on each OpenMP runtime loaded in the process (torch's
-bundled libgomp, or libiomp/libomp). With torch's native thread pool (no
-OpenMP) there is one pool for the whole process, nothing multiplies, and
-nothing is changed.
+thread's OpenMP state; run later, it would undo ours.) Then it sets that
+thread's OpenMP ``nthreads-var`` to 1 with ``omp_set_num_threads``, a
+per-thread setting in OpenMP. It does so on each OpenMP runtime loaded in the
+process (torch's bundled libgomp, or libiomp/libomp). With torch's native
+thread pool (no OpenMP) there is one pool for the whole process: nothing
+multiplies, and nothing is changed.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ global API there while the thread is a worker:
 The per-worker state lives in ``contextvars`` (a thread starts with its own
 context, so this is per thread); nothing global is mutated per call, and no
 correctness depends on the GIL. ``ContextVar.get`` is the cheapest
-per-thread lookup Python offers (about half the cost of ``threading.local``).
+per-thread lookup Python offers (cheaper than ``threading.local``).
 """
 
 from __future__ import annotations
