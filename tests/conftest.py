@@ -17,6 +17,9 @@ settings.register_profile(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
+# The second and third CI suites (.ci/interpreter-selection) draw fewer
+# examples: each property is drawn in full by the first suite.
+settings.register_profile("ci-few", parent=settings.get_profile("ci"), max_examples=10)
 settings.load_profile("ci")
 
 # A shell starting the suite in the background without job control (`cmd &`
