@@ -23,15 +23,21 @@ import threading
 import time
 import types
 import warnings
-from multiprocessing import forkserver, resource_tracker
 from pathlib import Path
 
 import numpy as np
 import psutil
 import pytest
 import torch
-from conftest import wait_no_worker_threads
-from helpers import Slow, Squares, no_sigchld_handler, outcomes, to_list
+from helpers import (
+    Slow,
+    Squares,
+    no_sigchld_handler,
+    open_fds,
+    outcomes,
+    to_list,
+    wait_until,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_oracle import loader_args, materialize, run_epochs
@@ -42,66 +48,8 @@ from threadloader import ThreadDataLoader, _context
 FORK = "fork"
 
 
-def _children() -> list[psutil.Process]:
-    # multiprocessing's resource tracker (started once by the spawn start
-    # method, for the whole session) and its forkserver are not worker processes.
-    helpers = {getattr(resource_tracker._resource_tracker, "_pid", None),
-               getattr(forkserver._forkserver, "_forkserver_pid", None)}
-    return [p for p in psutil.Process().children(recursive=True)
-            if p.status() != psutil.STATUS_ZOMBIE and p.pid not in helpers]
-
-
-def _fds() -> set[str]:
-    return set(os.listdir("/proc/self/fd"))
-
-
-def _shm() -> set[str]:
-    """This process's shared-memory entries: named after it, or still mapped by it.
-
-    /dev/shm is machine-wide and other processes' semaphores come and go in
-    it, so only what can be ours is looked at: torch's segments carry the pid
-    of their creator, and a segment or semaphore we still use is in our maps.
-    """
-    names = {n for n in (os.listdir("/dev/shm") if os.path.isdir("/dev/shm") else [])
-             if f"_{os.getpid()}_" in n}
-    with open("/proc/self/maps") as maps:
-        mapped = {line.split(None, 5)[-1].strip() for line in maps if "/dev/shm/" in line}
-    return names | mapped
-
-
-def _wait(cond, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return cond()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _warm_up():
-    # multiprocessing opens some process-wide things once (its resource
-    # sharer, for example; the resource tracker with its pipe, for the spawn
-    # start method; the forkserver and its pipe); do that before the per-test
-    # baselines.
-    resource_tracker.ensure_running()
-    forkserver.ensure_running()
-    list(ThreadDataLoader(Squares(4), batch_size=2, num_workers=2, worker_processes=2,
-                          multiprocessing_context=FORK))
-    gc.collect()
-    yield
-
-
-@pytest.fixture(autouse=True)
-def no_leaks():
-    gc.collect()
-    children, fds, shm = _children(), _fds(), _shm()
-    yield
-    gc.collect()
-    assert _wait(lambda: len(_children()) <= len(children)), f"leaked processes: {_children()}"
-    assert not wait_no_worker_threads()
-    assert _wait(lambda: _fds() <= fds), f"leaked file descriptors: {_fds() - fds}"
-    assert _wait(lambda: _shm() <= shm), f"leaked shared memory: {_shm() - shm}"
+# Every test: no child process, thread, file descriptor or /dev/shm entry left behind.
+pytestmark = pytest.mark.usefixtures("no_leaks")
 
 
 # --- the same batches as DataLoader ----------------------------------------------------
@@ -346,12 +294,12 @@ def test_a_sample_of_many_keys_gives_dataloaders_batches_in_a_few_blocks():
     # batch here, cut from a few shared blocks (or, empty, in none) rather
     # than a block (and a file descriptor in each process) apiece.
     expected = list(DataLoader(_ManyKeys(), batch_size=8))
-    before = len(_fds())
+    before = len(open_fds())
     loader = ThreadDataLoader(_ManyKeys(), batch_size=8, num_workers=4, worker_processes=2, prefetch_factor=3,
                               multiprocessing_context=FORK)
     most = 0
     for got, want in zip(loader, expected, strict=True):
-        most = max(most, len(_fds()) - before)
+        most = max(most, len(open_fds()) - before)
         assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
     # DataLoader's workers: 41 descriptors per batch held; a block each: as many again.
     assert most < 41, most
@@ -817,7 +765,7 @@ def test_children_exit_when_the_parent_is_killed(context, tmp_path):
     try:
         proc.kill()
         proc.wait(timeout=5)
-        assert _wait(lambda: _gone(pids), timeout=5), "worker processes outlived their killed parent"
+        assert wait_until(lambda: _gone(pids), timeout=5), "worker processes outlived their killed parent"
     finally:
         proc.kill()
         _terminate(pids)  # orphans (when the test fails) hold the pipes communicate() reads to EOF
@@ -846,14 +794,14 @@ def test_ctrl_c_and_interpreter_exit_stop_the_children(tmp_path):
         proc.kill()
     assert "Timeout (" not in err, f"hung after Ctrl-C (faulthandler's dump):\n{err[-6000:]}"
     assert "interrupted" in out and "KeyboardInterrupt" in err, err[-3000:]
-    assert _wait(lambda: _gone(pids), timeout=5)
+    assert wait_until(lambda: _gone(pids), timeout=5)
     proc, pids = _spawn("exit", tmp_path)  # persistent workers alive at interpreter exit
     try:
         _, err = proc.communicate(timeout=10)
     finally:
         proc.kill()
     assert proc.returncode == 0, err
-    assert _wait(lambda: _gone(pids), timeout=5)
+    assert wait_until(lambda: _gone(pids), timeout=5)
 
 
 FORKED_COPY = textwrap.dedent(
@@ -883,44 +831,6 @@ def test_a_forked_copy_freed_in_a_child_leaves_the_owners_workers_alone():
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["20", "0"], proc.stderr
     assert "can only join a child process" not in proc.stderr
-
-
-FORKED_PERSISTENT = textwrap.dedent(
-    """
-    import os, signal, sys
-    from threadloader import ThreadDataLoader
-
-    extra = {"worker_processes": 1, "multiprocessing_context": "fork"} if sys.argv[1] == "processes" else {}
-    loader = ThreadDataLoader(list(range(6)), batch_size=2, num_workers=2, persistent_workers=True, **extra)
-    epoch = [b.tolist() for b in loader]
-    it = iter(loader)
-    next(it)  # the parent's second epoch has begun
-    pid = os.fork()
-    if pid == 0:
-        signal.alarm(30)  # never wait for ever: SIGALRM ends the child
-        try:
-            next(it)
-            os._exit(3)
-        except RuntimeError as e:
-            if "call iter(loader) here" not in str(e):
-                os._exit(4)
-        os._exit(0 if [b.tolist() for b in loader] == epoch == [b.tolist() for b in loader] else 5)
-    _, status = os.waitpid(pid, 0)
-    print(os.waitstatus_to_exitcode(status), [b.tolist() for b in loader] == epoch)
-    """
-)
-
-
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
-@pytest.mark.parametrize("mode", ["threads", "processes"])
-def test_a_persistent_loader_iterated_in_a_forked_process_gets_workers_of_its_own(mode):
-    # The forked copy waited for ever for the parent's workers (a dataset
-    # holding a loader warmed up in the parent, used in DataLoader's forked
-    # workers). Its iterator says so at once; iter(loader) starts its own.
-    proc = subprocess.run([sys.executable, "-c", FORKED_PERSISTENT, mode], capture_output=True, text=True,
-                          timeout=90)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["0", "True"], proc.stderr
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
