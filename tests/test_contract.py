@@ -455,6 +455,36 @@ def test_a_worker_dying_after_break_makes_the_next_epoch_refused(mode):
 
 
 
+def _after_a_refused_epoch(cls, **kw) -> list:
+    """The first batch, then what next() gives on the iterator held from before its next epoch was refused."""
+    loader = cls(DiesAt(SystemExit(3), delay=0.5), batch_size=None, num_workers=2, persistent_workers=True, **kw)
+    it = iter(loader)
+    try:
+        first = int(next(it))
+        with pytest.raises(RuntimeError, match="exited unexpectedly"):
+            iter(loader)
+        return [first, *outcomes(it, 4)]
+    finally:
+        it._shutdown_workers()
+
+
+@functools.lru_cache(maxsize=None)
+def _after_a_refused_epoch_in_dataloader() -> tuple:
+    # 5 s: DataLoader's worker status check interval. Run once for every mode.
+    with no_sigchld_handler():
+        return tuple(_after_a_refused_epoch(DataLoader, multiprocessing_context="fork"))
+
+
+def test_an_iterator_whose_next_epoch_was_refused_ends_as_dataloaders(mode):
+    # DataLoader's _reset begins the new epoch, then waits for its workers: a
+    # dead one refuses the epoch there, and next() on the iterator held from
+    # before ends that new epoch, in which no task was sent. Ours kept the
+    # abandoned epoch, whose results the wait had dropped: next() waited for
+    # them (here: until the timeout).
+    expected = list(_after_a_refused_epoch_in_dataloader())
+    assert expected == [0, "StopIteration"]
+    assert _after_a_refused_epoch(ThreadDataLoader, timeout=10, **mode.kwargs(1)) == expected
+
 # --- shutdown -------------------------------------------------------------------------------
 
 def _workers_run(it, count: int) -> bool:
