@@ -1,6 +1,6 @@
 """ImageNet-style input pipeline: DataLoader vs ThreadDataLoader vs decode_image.
 
-Runs, on one generated ImageFolder (see threadloader.datagen), in one process:
+Runs, on one generated ImageFolder (see threadloader.images.datagen), in one process:
 
 1. DataLoader (worker processes) + ImageFolder + Resize((S, S)) + PILToTensor
 2. the same code with the class swapped to ThreadDataLoader
@@ -37,7 +37,7 @@ from torchvision.datasets import ImageFolder
 from threadloader import ThreadDataLoader, frame_collate
 from threadloader.bench import prepare_dataset
 from threadloader.bench.usage import usable_cores
-from threadloader.datagen import make_imagenet_like
+from threadloader.images.datagen import make_imagenet_like
 from threadloader.io import RandomResizedCropLoader, decode_image, random_resized_crop_params
 
 

@@ -344,7 +344,7 @@ def test_generators_inside_a_datasets_transforms_are_each_workers_own(init_fn, n
 
 
 def test_a_workers_dataset_copies_only_what_leads_to_a_generator():
-    from threadloader._replica import worker_dataset
+    from threadloader.worker.copies import worker_dataset
 
     ds = _Pipelined()
     ds.plain = {"a": [1, 2, 3]}
@@ -432,7 +432,7 @@ def test_objects_that_resist_the_search_are_shared_not_fatal():
 def test_generators_in_namedtuples_ordered_dicts_and_partials_are_each_workers_own():
     import collections
 
-    from threadloader._replica import worker_dataset
+    from threadloader.worker.copies import worker_dataset
 
     Pair = collections.namedtuple("Pair", "rng label")
 
@@ -900,7 +900,7 @@ def test_no_warning_for_a_plain_run():
 def test_pinning_exception_reaches_user(monkeypatch, iterable):
     # Without an accelerator DataLoader never pins; pretend one exists and make
     # pinning fail, as a bad custom batch type's pin_memory() would.
-    import threadloader._engine.worker_loop as engine
+    import threadloader.engine.worker_loop as engine
 
     def failing_pin(data, device):
         raise MemoryError("cannot pin")

@@ -43,7 +43,8 @@ from hypothesis import strategies as st
 from test_oracle import loader_args, materialize, run_epochs
 from torch.utils.data import DataLoader, Dataset, default_collate, get_worker_info
 
-from threadloader import ThreadDataLoader, _context
+from threadloader import ThreadDataLoader
+from threadloader.worker import context as _context
 
 FORK = "fork"
 
@@ -539,7 +540,7 @@ def test_a_persistent_loaders_next_epoch_names_every_dead_worker_process_as_data
 def test_a_child_reaped_by_someone_else_is_still_seen_dead(monkeypatch):
     # multiprocessing's exitcode reads None for a process that another thread
     # (or os.waitpid) reaped: the receiver took its death for a broken pipe.
-    from threadloader._procs import pool as pool_module
+    from threadloader.procs import process_pool as pool_module
 
     monkeypatch.setattr(pool_module, "EXIT_CODE_WAIT_S", 0.05)
     process = multiprocessing.get_context(FORK).Process(target=time.sleep, args=(60,), daemon=True)
@@ -561,8 +562,8 @@ def test_a_pool_stopped_on_the_thread_that_feeds_a_childs_jobs_does_not_wait_for
     # a child's jobs queue that pickles the jobs: the None telling that child
     # to stop would leave only after stop() returned, and stop() waited out
     # the children's budget for it.
-    from threadloader._procs import pool as pool_module
-    from threadloader._procs.wire import NEW_EPOCH
+    from threadloader.procs import process_pool as pool_module
+    from threadloader.procs.wire import NEW_EPOCH
 
     monkeypatch.setattr(pool_module, "JOIN_BUDGET_S", 60.0)
     it = iter(ThreadDataLoader(Squares(8), batch_size=2, num_workers=1, worker_processes=1,
@@ -835,11 +836,11 @@ def test_a_forked_copy_freed_in_a_child_leaves_the_owners_workers_alone():
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 @pytest.mark.parametrize("module,name", [
-    ("threadloader.frames", "_publish_lock"),  # held by worker threads as they publish resized frames
-    ("threadloader._engine.intraop", "_lock"),
-    ("threadloader._rng", "_lock"),
-    ("threadloader._torch_compat", "_install_lock"),
-    ("threadloader.io._turbojpeg", "_lock"),
+    ("threadloader.images.frames", "_publish_lock"),  # held by worker threads as they publish resized frames
+    ("threadloader.worker.intraop", "_lock"),
+    ("threadloader.worker.rng", "_lock"),
+    ("threadloader._platform.torch_compat", "_install_lock"),
+    ("threadloader.images._turbojpeg", "_lock"),
     ("threadloader.integrations.accelerate", "_swap_lock"),  # held while Accelerate's prepare() runs
 ])
 def test_a_child_forked_while_another_thread_holds_a_module_lock_starts_with_it_free(module, name):
@@ -898,8 +899,8 @@ def test_pools_started_at_once_from_two_threads_keep_their_result_pipes_apart():
     # open for writing in the parent kept it: that other child's receiver then
     # waited for ever on a message cut short by its child's death (no end of
     # file), and the consumer hung. Seen in 8 of 30 concurrent starts.
-    from threadloader._engine.protocol import WorkerConfig
-    from threadloader._procs import ProcessPool
+    from threadloader.engine.protocol import WorkerConfig
+    from threadloader.procs import ProcessPool
 
     cfg = WorkerConfig(dataset=list(range(4)), kind=0, auto_collation=False, collate_fn=lambda x: x, drop_last=False,
                   base_seed=0, init_fn=None, num_workers=1, pin=False, pin_device=None, device_index=None)
@@ -927,7 +928,7 @@ def test_pools_started_at_once_from_two_threads_keep_their_result_pipes_apart():
 
 @pytest.mark.skipif(not hasattr(os, "fork") or not os.path.isdir("/proc/self/fd"), reason="needs fork and /proc")
 def test_a_private_pipe_end_reaches_only_its_owners_forked_child():
-    from threadloader import _fork
+    from threadloader._platform import fork as _fork
 
     read_end, write_end = os.pipe()
     pipe = os.readlink(f"/proc/self/fd/{write_end}")
@@ -1148,7 +1149,7 @@ def test_frame_batches_from_processes_reuse_their_buffers_and_never_overwrite_a_
     import functools
 
     from threadloader import frame_collate
-    from threadloader._procs.mirror import mirror_count
+    from threadloader.procs.mirror import mirror_count
 
     mirrors = mirror_count()
     collate = functools.partial(frame_collate, normalize=((0.5,), (0.25,))) if normalize else frame_collate
@@ -1176,7 +1177,7 @@ def test_frame_batches_from_processes_reuse_their_buffers_and_never_overwrite_a_
 
 def test_a_stopped_pool_leaves_no_mirror_and_its_batches_stay_readable():
     from threadloader import frame_collate
-    from threadloader._procs.mirror import mirror_count
+    from threadloader.procs.mirror import mirror_count
 
     mirrors = mirror_count()
     loader = ThreadDataLoader(_Frames(), batch_size=8, num_workers=2, worker_processes=2, collate_fn=frame_collate,
@@ -1247,7 +1248,7 @@ GC_IN_RECEIVER_CHILD = textwrap.dedent(
     import torch
     from torch.utils.data import Dataset
     from threadloader import ThreadDataLoader
-    from threadloader._procs.mirror import mirror_count
+    from threadloader.procs.mirror import mirror_count
 
     class Collecting(BaseException):  # ends its worker thread; unpickled by a receiver: a collection runs there
         def __reduce__(self):
@@ -1298,7 +1299,7 @@ FORK_HANGS_CHILD = textwrap.dedent(
     import json, os, sys, time, warnings
     import psutil
     from threadloader import ThreadDataLoader
-    from threadloader._procs import pool as procs_pool
+    from threadloader.procs import process_pool as procs_pool
 
     hangs, marks = int(sys.argv[1]), sys.argv[2]
     procs_pool.FORK_START_S = 1.0

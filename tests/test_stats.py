@@ -14,7 +14,7 @@ from helpers import Slow
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from threadloader import ThreadDataLoader, stats
-from threadloader._procs import child as procs_child
+from threadloader.procs import child as procs_child
 from threadloader.stats import GIL_CHECK_INTERVAL_S
 
 #: The GIL check's interval in these tests: half the library's, so that the few
@@ -358,7 +358,7 @@ def test_iterable_fetch_time_is_never_negative_in_a_snapshot(monkeypatch):
     # The collate time is taken out of the fetch time in one update: a worker
     # paused right after its fetcher returned (descheduled) must not show a
     # negative fetch time to a snapshot taken meanwhile.
-    import threadloader._engine.worker_loop as worker_loop
+    import threadloader.engine.worker_loop as worker_loop
 
     class PausesAfterFetch:
         def __init__(self, fetcher):

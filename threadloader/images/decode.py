@@ -11,7 +11,7 @@ With ``size``, the frame holds the decoded pixels and the pending size: the
 antialiased resize (torch's uint8 kernel, Pillow's ``resize`` to +-1 level)
 runs when the frame is collated -- straight into its slot of the batch -- or
 first read. Safe to call from many threads at once: the only module-level
-state is the decoders' buffer pool (``threadloader._pool``), which is
+state is the decoders' buffer pool (``threadloader.images.buffers``), which is
 thread-safe.
 """
 

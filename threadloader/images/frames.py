@@ -10,7 +10,7 @@ channels-last view: the shape and dtype a user gets from ``PILToTensor`` +
 ``default_collate``, and values within one level of them. With ``normalize``/``dtype`` the batch is
 converted to floats too, in the calling (worker) thread.
 
-Batch buffers come from a pool (:mod:`threadloader._pool`) and are reused only
+Batch buffers come from a pool (:mod:`threadloader.images.buffers`) and are reused only
 once every tensor, view or array of the batch is gone; pinned ones come from
 torch's caching host allocator.
 """
@@ -36,7 +36,7 @@ __all__ = ["Frame", "frame_collate"]
 _from_numpy = torch.from_numpy
 _resize = _torch_compat.resize_op
 #: ``resize_into(sources, out, h, w)``: the image path's native resize (threadloader.images._native),
-#: bit-identical to ``_resize``, one native call per batch; installed by ``threadloader.io.image``
+#: bit-identical to ``_resize``, one native call per batch; installed by ``threadloader.images.decode``
 #: where it is built, else None (torch's op resizes, one call per image).
 _native_resize: Any = None
 

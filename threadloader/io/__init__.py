@@ -2,13 +2,13 @@
 
 ``threadloader.io`` is the public import path; each job lives in its own module:
 
-* :mod:`threadloader.io.image` -- :func:`decode_image`, :func:`image_size`:
+* :mod:`threadloader.images.decode` -- :func:`decode_image`, :func:`image_size`:
   a path or bytes to a :class:`~threadloader.Frame` (simplejpeg / TurboJPEG /
   Pillow), resized straight into the batch by ``frame_collate``.
-* :mod:`threadloader.io.crop` -- :func:`random_resized_crop_params`,
+* :mod:`threadloader.images.crop` -- :func:`random_resized_crop_params`,
   :class:`RandomResizedCropLoader`: torchvision's ``RandomResizedCrop`` drawn
   from the header, decoded at the smallest DCT scale the crop allows.
-* :mod:`threadloader.io.arrays` -- :func:`load_npy`, :func:`load_npz`:
+* :mod:`threadloader.images.arrays` -- :func:`load_npy`, :func:`load_npz`:
   NumPy files in memory, returned as views.
 """
 
