@@ -35,7 +35,7 @@ from torch.utils.data import Dataset, default_collate
 
 from threadloader import ThreadDataLoader
 from threadloader.bench import compare_loaders, default_cache_dir, default_workers, format_table, parse_workers
-from threadloader.datagen import photo_like_image
+from threadloader.images.datagen import photo_like_image
 
 FORMATS = ("torch", "npy", "npz", "npz-compressed")
 #: (format, loader name) pairs measured.

@@ -75,7 +75,7 @@ def measure(workers: int, items: int, fields: int, batch_size: int | None) -> fl
 
 def describe() -> dict[str, Any]:
     """This interpreter: version, build and whether the GIL is on now."""
-    from threadloader._interpreter import FREE_THREADED_BUILD, gil_enabled
+    from threadloader._platform.interpreter import FREE_THREADED_BUILD, gil_enabled
 
     return {"python": sys.version.split()[0], "free_threaded": FREE_THREADED_BUILD, "gil": gil_enabled()}
 

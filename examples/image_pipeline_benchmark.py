@@ -37,7 +37,7 @@ from torchvision.datasets import ImageFolder
 from threadloader import ThreadDataLoader, frame_collate
 from threadloader.bench import prepare_dataset
 from threadloader.bench.usage import usable_cores
-from threadloader.datagen import make_imagenet_like
+from threadloader.images.datagen import make_imagenet_like
 from threadloader.io import RandomResizedCropLoader, decode_image, random_resized_crop_params
 
 

@@ -22,7 +22,8 @@ import numpy as np
 import torch
 
 import threadloader  # noqa: F401  (installs the routing)
-from threadloader import _rng, worker
+from threadloader import worker
+from threadloader.worker import rng as _rng
 
 
 def _per_call_ns(fn, calls: int, repeat: int) -> float:

@@ -17,6 +17,9 @@ settings.register_profile(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
+# The second and third CI suites (.ci/interpreter-selection) draw fewer
+# examples: each property is drawn in full by the first suite.
+settings.register_profile("ci-few", parent=settings.get_profile("ci"), max_examples=10)
 settings.load_profile("ci")
 
 # A shell starting the suite in the background without job control (`cmd &`
@@ -69,6 +72,50 @@ def no_leaked_threads(request: pytest.FixtureRequest):
     collect_what_the_test_left(request.node.module)
     leaked = wait_no_worker_threads()
     assert not leaked, f"leaked worker threads: {leaked}"
+
+
+@pytest.fixture(scope="module")
+def multiprocessing_warmed_up():
+    """What multiprocessing opens once per process, opened before the per-test baselines of ``no_leaks``.
+
+    The resource tracker with its pipe (the spawn start method), the
+    forkserver and its pipe, and the resource sharer: its listening socket
+    opens when this process first sends a tensor to a worker process (here
+    DataLoader's index, a tensor).
+    """
+    from multiprocessing import forkserver, resource_tracker
+
+    import torch
+    from helpers import Squares
+
+    from threadloader import ThreadDataLoader
+
+    resource_tracker.ensure_running()
+    forkserver.ensure_running()
+    list(ThreadDataLoader(Squares(4), batch_size=2, num_workers=2, worker_processes=2,
+                          multiprocessing_context="fork"))
+    list(torch.utils.data.DataLoader(Squares(2), batch_sampler=[torch.tensor([0, 1])], num_workers=1,
+                                     multiprocessing_context="fork"))
+    gc.collect()
+    yield
+
+
+@pytest.fixture
+def no_leaks(multiprocessing_warmed_up):
+    """Fail the test if a child process, worker thread, file descriptor or /dev/shm entry outlives it.
+
+    A module asks for it with ``pytestmark = pytest.mark.usefixtures("no_leaks")``.
+    """
+    from helpers import child_processes, open_fds, shm_entries, wait_until
+
+    gc.collect()
+    children, fds, shm = child_processes(), open_fds(), shm_entries()
+    yield
+    gc.collect()
+    assert wait_until(lambda: len(child_processes()) <= len(children)), f"leaked processes: {child_processes()}"
+    assert not wait_no_worker_threads()
+    assert wait_until(lambda: open_fds() <= fds), f"leaked file descriptors: {open_fds() - fds}"
+    assert wait_until(lambda: shm_entries() <= shm), f"leaked shared memory: {shm_entries() - shm}"
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

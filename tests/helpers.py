@@ -5,13 +5,18 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
+import os
+import random
 import re
 import signal
 import threading
 import time
+from multiprocessing import forkserver, resource_tracker
 from types import ModuleType
 from typing import Any, Callable, Iterator
 
+import numpy as np
+import psutil
 import pytest
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
@@ -45,6 +50,47 @@ class Failing(Dataset):
         if i in self.bad:
             raise self.exc(f"bad sample {i}")
         return i
+
+
+class DiesAt(Dataset):
+    """Map-style: ``i`` everywhere but at ``bad``, where a BaseException ends the worker."""
+
+    def __init__(self, exc: BaseException, bad: int = 2, n: int = 6, delay: float = 0.0) -> None:
+        self.exc, self.bad, self.n, self.delay = exc, bad, n, delay
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        if i == self.bad:
+            time.sleep(self.delay)
+            raise self.exc
+        return i
+
+
+class OwnGenerators(Dataset):
+    """Augments with generators of its own, made once in __init__ (a common pattern)."""
+
+    def __init__(self):
+        self.np_rng = np.random.default_rng(0)
+        self.legacy = np.random.RandomState(1)
+        self.py_rng = random.Random(2)
+        self.torch_rng = torch.Generator().manual_seed(3)
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        time.sleep(0.001 * (i % 3))  # workers interleave differently on every run
+        return (i, float(self.np_rng.random()), float(self.legacy.rand()), self.py_rng.random(),
+                torch.rand((), generator=self.torch_rng).item())
+
+
+class DictProxy:
+    """A ``__getattr__`` that answers from a dict: a KeyError, not an AttributeError, for other names."""
+
+    def __getattr__(self, name):
+        return self.__dict__["cfg"][name]
 
 
 class NoStateSampler(torch.utils.data.Sampler):
@@ -216,6 +262,46 @@ def held_by_another_thread(*locks: Any) -> Iterator[None]:
     finally:
         done.set()
         holder.join()
+
+
+# --- nothing left behind: processes, threads, file descriptors, shared memory -------------
+
+def child_processes() -> list[psutil.Process]:
+    """This process's live descendants, but multiprocessing's own helpers."""
+    # multiprocessing's resource tracker (started once by the spawn start
+    # method, for the whole session) and its forkserver are not worker processes.
+    helpers = {getattr(resource_tracker._resource_tracker, "_pid", None),
+               getattr(forkserver._forkserver, "_forkserver_pid", None)}
+    return [p for p in psutil.Process().children(recursive=True)
+            if p.status() != psutil.STATUS_ZOMBIE and p.pid not in helpers]
+
+
+def open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+def shm_entries() -> set[str]:
+    """This process's shared-memory entries: named after it, or still mapped by it.
+
+    /dev/shm is machine-wide and other processes' semaphores come and go in
+    it, so only what can be ours is looked at: torch's segments carry the pid
+    of their creator, and a segment or semaphore we still use is in our maps.
+    """
+    names = {n for n in (os.listdir("/dev/shm") if os.path.isdir("/dev/shm") else [])
+             if f"_{os.getpid()}_" in n}
+    with open("/proc/self/maps") as maps:
+        mapped = {line.split(None, 5)[-1].strip() for line in maps if "/dev/shm/" in line}
+    return names | mapped
+
+
+def wait_until(cond: Callable[[], bool], timeout: float = 5.0) -> bool:
+    """Whether ``cond()`` became true within ``timeout`` seconds (polled)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return cond()
 
 
 # --- execution modes and the DataLoader oracle (tests/test_contract.py) -------------------

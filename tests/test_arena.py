@@ -21,9 +21,9 @@ import pytest
 import torch
 from helpers import held_by_another_thread
 
-from threadloader import _fork
-from threadloader._procs.arena import GRANULE, ChildArena
-from threadloader._procs.mirror import Mirror, loads, mirror_count
+from threadloader._platform import fork as _fork
+from threadloader.procs.arena import GRANULE, ChildArena
+from threadloader.procs.mirror import Mirror, loads, mirror_count
 
 
 @pytest.fixture

@@ -632,7 +632,7 @@ def test_frame_rows_resize_in_the_worker_and_normalize_in_collate(small_root) ->
     # consumer), and the normalize config's batches come normalized from the
     # workers, equal to the uint8 batch converted afterwards.
     require_torchvision()
-    from threadloader.frames import Frame
+    from threadloader.images.frames import Frame
 
     sample = next(iter(pipelines.build_loader(pipelines.THREADS, "resize", small_root, workers=1, size=16)))
     frame = sample[0]
@@ -762,7 +762,7 @@ def test_proxy_gil_counts_read_perf_script_lines() -> None:
 
 def test_proxy_runs_both_frame_paths_and_restores_the_choice(monkeypatch, tmp_path, capsys) -> None:
     from threadloader.bench import proxy
-    from threadloader.io import image
+    from threadloader.images import decode as image
 
     seen = []
 
@@ -863,8 +863,8 @@ def test_zoo_targets_name_the_worst_cell() -> None:
 
 
 def test_torch_call_cost_sees_the_routing_mode(monkeypatch) -> None:
-    from threadloader import _rng
     from threadloader.bench import torch_call
+    from threadloader.worker import rng as _rng
 
     cost = torch_call.torch_call_cost(calls=200, rounds=1)
     assert cost.plain_ns > 0 and cost.worker_ns > 0 and cost.bare_mode_ns > 0

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from threadloader.datagen import make_imagenet_like, photo_like_image
-from threadloader.io._codec import jpeg
+from threadloader.images._codec import jpeg
+from threadloader.images.datagen import make_imagenet_like, photo_like_image
 
 
 def _tree(root):

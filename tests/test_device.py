@@ -1,4 +1,4 @@
-"""Tests for threadloader.device (the to_device stage)."""
+"""Tests for threadloader.images.device (the to_device stage)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from helpers import require_torchvision
 
-from threadloader.device import DeviceLoader, ImageTransform, to_device
+from threadloader.images.device import DeviceLoader, ImageTransform, to_device
 
 v2 = require_torchvision("transforms.v2")  # the reference transforms; skips this module without it
 F = v2.functional

@@ -493,7 +493,7 @@ def test_compat_finds_dataloaders_own_call_site():
 
     from torch.utils.data import dataloader as torch_dataloader
 
-    from threadloader import _torch_compat
+    from threadloader._platform import torch_compat as _torch_compat
 
     line = _torch_compat._call_site_line(torch_dataloader.DataLoader._get_iterator, "check_worker_number_rationality")
     assert "check_worker_number_rationality()" in linecache.getline(torch_dataloader.__file__, line)

@@ -1,4 +1,4 @@
-"""threadloader._fork: what a forked child renews."""
+"""threadloader._platform.fork: what a forked child renews."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from helpers import held_by_another_thread
 
-from threadloader import _fork
+from threadloader._platform import fork as _fork
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 

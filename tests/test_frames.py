@@ -13,11 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import default_collate
 
-from threadloader import Frame, _torch_compat, frame_collate
-from threadloader import frames as _frames_module
-from threadloader._context import set_collating
-from threadloader.frames import _deferred
-from threadloader.io import image as _image  # noqa: F401 - installs the native resize
+from threadloader import Frame, frame_collate
+from threadloader._platform import torch_compat as _torch_compat
+from threadloader.images import decode as _image  # noqa: F401 - installs the native resize
+from threadloader.images import frames as _frames_module
+from threadloader.images.frames import _deferred
+from threadloader.worker.context import set_collating
 
 Point = collections.namedtuple("Point", "image label")
 
@@ -190,8 +191,8 @@ def test_collate_allocates_pinned_when_requested() -> None:
 # --- pending resize: decode_image(size=...) resizes straight into the batch --------
 
 def _jpeg(h: int, w: int, seed: int) -> bytes:
-    from threadloader.datagen import photo_like_image
-    from threadloader.io._codec import jpeg
+    from threadloader.images._codec import jpeg
+    from threadloader.images.datagen import photo_like_image
 
     return jpeg.encode_jpeg(np.ascontiguousarray(photo_like_image(h, w, seed)), quality=90)
 
@@ -199,7 +200,7 @@ def _jpeg(h: int, w: int, seed: int) -> bytes:
 def _resized_as_before(decoded: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     # What decode_image returned before frames deferred the resize: torch's
     # uint8 kernel into a fresh (1, h, w, C) tensor.
-    from threadloader._torch_compat import resize_uint8_channels_last
+    from threadloader._platform.torch_compat import resize_uint8_channels_last
 
     out = torch.empty((1, *size, decoded.shape[2]), dtype=torch.uint8)
     resize_uint8_channels_last(torch.from_numpy(decoded).unsqueeze(0), size, out)
@@ -275,7 +276,7 @@ def test_collate_mixes_pending_and_plain_frames_and_checks_pending_sizes() -> No
 def test_held_batch_and_its_views_never_overwritten_then_reused() -> None:
     import gc
 
-    from threadloader._pool import host_pool
+    from threadloader.images.buffers import host_pool
 
     host_pool.clear()
     held = frame_collate([Frame(np.full((8, 6, 3), 7, np.uint8)) for _ in range(4)])
@@ -307,7 +308,7 @@ def test_held_batch_and_its_views_never_overwritten_then_reused() -> None:
 
 
 def test_pool_is_bounded_and_handles_shape_changes() -> None:
-    from threadloader._pool import BufferPool
+    from threadloader.images.buffers import BufferPool
 
     pool = BufferPool(slack=3)
     held = [pool.take((5, 7), torch.uint8) for _ in range(10)]
@@ -329,7 +330,7 @@ def test_pool_is_bounded_and_handles_shape_changes() -> None:
 def test_a_free_block_no_loan_matches_for_long_goes_back() -> None:
     # One odd size (a huge image decoded once) stayed in the free list for
     # ever beside a steady working set of other sizes.
-    from threadloader._pool import BufferPool
+    from threadloader.images.buffers import BufferPool
 
     pool = BufferPool(slack=4)
     pool.take((1000,), torch.uint8)  # the odd one, given back at once
@@ -341,7 +342,7 @@ def test_a_free_block_no_loan_matches_for_long_goes_back() -> None:
 
 
 def test_pool_reservation_keeps_more_free_blocks_until_released() -> None:
-    from threadloader._pool import BufferPool
+    from threadloader.images.buffers import BufferPool
 
     pool = BufferPool(slack=1)
     first = pool.reserve(3)
@@ -363,7 +364,7 @@ def test_pool_reservation_keeps_more_free_blocks_until_released() -> None:
 def test_running_loader_reserves_its_working_set_and_releases_it(persistent: bool) -> None:
     """While an iterator runs, the pools keep its in-flight depth; afterwards, only their base slack."""
     from threadloader import ThreadDataLoader
-    from threadloader._pool import decode_pool, host_pool
+    from threadloader.images.buffers import decode_pool, host_pool
 
     class Frames(torch.utils.data.Dataset):
         def __len__(self) -> int:
@@ -387,7 +388,7 @@ def test_running_loader_reserves_its_working_set_and_releases_it(persistent: boo
 
 def test_worker_process_threads_reserve_their_frames_in_the_childs_pool() -> None:
     from threadloader import ThreadDataLoader
-    from threadloader._pool import decode_pool, host_pool
+    from threadloader.images.buffers import decode_pool, host_pool
 
     base = (host_pool.stats()["reserved"], decode_pool.stats()["reserved"])
     loader = ThreadDataLoader(ReservedInChild(), batch_size=3, num_workers=2, worker_processes=1)
@@ -406,7 +407,7 @@ class ReservedInChild(torch.utils.data.Dataset):
         return 6
 
     def __getitem__(self, i: int) -> int:
-        from threadloader._pool import decode_pool
+        from threadloader.images.buffers import decode_pool
 
         return decode_pool.stats()["reserved"]
 
@@ -414,7 +415,7 @@ class ReservedInChild(torch.utils.data.Dataset):
 def test_pool_under_concurrent_threads_never_lends_a_buffer_twice() -> None:
     import concurrent.futures
 
-    from threadloader._pool import BufferPool
+    from threadloader.images.buffers import BufferPool
 
     pool = BufferPool(slack=2)
 
@@ -491,7 +492,7 @@ def test_normalize_with_pending_frames_and_labels() -> None:
     u8, labels = frame_collate([(decode_image(d, size=(32, 40)), i) for i, d in enumerate(data)])
     got, labels2 = frame_collate([(decode_image(d, size=(32, 40)), i) for i, d in enumerate(data)],
                                  normalize=(MEAN, STD))
-    from threadloader.device import ImageTransform
+    from threadloader.images.device import ImageTransform
 
     want = torch.empty(u8.shape, dtype=torch.float32).contiguous(memory_format=torch.channels_last)
     ImageTransform(normalize=(MEAN, STD)).normalize_into(u8, want)
@@ -499,7 +500,7 @@ def test_normalize_with_pending_frames_and_labels() -> None:
 
 
 def test_normalize_given_as_tensors_uses_their_current_values_and_keeps_no_copies() -> None:
-    from threadloader import frames as frames_module
+    from threadloader.images import frames as frames_module
 
     frames = [_frame(4, 5, seed=1)]
     u8 = frame_collate(frames).double()
@@ -541,7 +542,7 @@ def test_normalize_runs_in_the_worker_threads() -> None:
     import threading
 
     from threadloader import ThreadDataLoader
-    from threadloader.device import ImageTransform
+    from threadloader.images.device import ImageTransform
 
     seen: set[str] = set()
     original = ImageTransform.normalize_into
@@ -576,7 +577,7 @@ def test_normalized_batch_allocated_pinned_when_requested() -> None:
 
 
 def test_pool_granule_shares_blocks_between_nearby_sizes() -> None:
-    from threadloader._pool import BufferPool
+    from threadloader.images.buffers import BufferPool
 
     pool = BufferPool(slack=2, granule=1024)
     a = pool.take_bytes(1000)
@@ -592,10 +593,10 @@ def test_pool_granule_shares_blocks_between_nearby_sizes() -> None:
 
 
 def test_decoded_jpegs_reuse_pooled_memory_only_after_release() -> None:
-    from threadloader._pool import decode_pool
-    from threadloader.datagen import photo_like_image
+    from threadloader.images._codec import jpeg
+    from threadloader.images.buffers import decode_pool
+    from threadloader.images.datagen import photo_like_image
     from threadloader.io import decode_image
-    from threadloader.io._codec import jpeg
 
     pixels = photo_like_image(60, 80, seed=3)
     data = jpeg.encode_jpeg(pixels, quality=90, colorspace="RGB")
@@ -630,7 +631,7 @@ def test_frames_pickle_at_every_protocol(protocol):
 def test_threads_reading_a_pending_frame_at_once_all_get_the_frames_own_array():
     import threading
 
-    from threadloader.frames import _deferred
+    from threadloader.images.frames import _deferred
 
     pixels = np.random.default_rng(0).integers(0, 256, (300, 400, 3), dtype=np.uint8)
     for _ in range(10):

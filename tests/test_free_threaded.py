@@ -14,8 +14,8 @@ import sys
 
 import pytest
 
-from threadloader import _interpreter
-from threadloader.io import _codec
+from threadloader._platform import interpreter as _interpreter
+from threadloader.images import _codec
 
 
 def _only(available: set[str], monkeypatch) -> None:
@@ -81,7 +81,7 @@ def test_threadloader_keeps_the_gil_off() -> None:
         "import numpy as np, PIL.Image, threadloader, threadloader.io\n"
         "from threadloader import ThreadDataLoader, frame_collate\n"
         "from threadloader.io import decode_image\n"
-        "from threadloader.io._codec import jpeg\n"
+        "from threadloader.images._codec import jpeg\n"
         "data = jpeg.encode_jpeg(np.zeros((8, 8, 3), np.uint8))\n"
         "batches = list(ThreadDataLoader([data] * 4, batch_size=2, num_workers=2,\n"
         "                                collate_fn=lambda b: frame_collate([decode_image(x) for x in b])))\n"

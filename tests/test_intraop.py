@@ -17,7 +17,7 @@ _SCRIPT = textwrap.dedent(
     """
     import json, os, threading
     import torch
-    from threadloader._engine.intraop import limit_this_thread
+    from threadloader.worker.intraop import limit_this_thread
 
     torch.set_num_threads(4)
     big = torch.ones(4_000_000)
@@ -71,7 +71,7 @@ def test_limit_this_thread_single_threads_the_caller_only() -> None:
 def test_limit_this_thread_leaves_the_calling_process_usable() -> None:
     import threading
 
-    from threadloader._engine.intraop import limit_this_thread
+    from threadloader.worker.intraop import limit_this_thread
 
     main_before = torch.get_num_threads()
     out = {}

@@ -20,21 +20,21 @@ from hypothesis.extra import numpy as hnp
 from PIL import Image
 
 from threadloader import Frame, frame_collate
-from threadloader.datagen import photo_like_image
+from threadloader.images import _turbojpeg
 from threadloader.images import decode as _image_module
+from threadloader.images._codec import jpeg as codec
+from threadloader.images._jpeg_stream import is_lossless as _is_lossless_jpeg
+from threadloader.images.datagen import photo_like_image
+from threadloader.images.decode import _dct_factor
 from threadloader.io import (
     ImageDecodeError,
     RandomResizedCropLoader,
-    _turbojpeg,
     decode_image,
     image_size,
     load_npy,
     load_npz,
     random_resized_crop_params,
 )
-from threadloader.io._codec import jpeg as codec
-from threadloader.io._jpeg_stream import is_lossless as _is_lossless_jpeg
-from threadloader.io.image import _dct_factor
 
 T = require_torchvision("transforms")  # the reference for resize and crops; skips this module without it
 
@@ -311,7 +311,7 @@ def test_directory_and_unreadable_file_errors_name_the_path(tmp_path) -> None:
 @settings(max_examples=25, deadline=None)
 @given(size=st.sampled_from([0, 1, 2, 4095, 4096, 65535, 65536, 65537, 300_001]), seed=st.integers(0, 2**16))
 def test_file_reads_return_the_whole_file(tmp_path_factory, size: int, seed: int) -> None:
-    from threadloader.io.image import _read_file
+    from threadloader.images.decode import _read_file
 
     p = tmp_path_factory.mktemp("read") / "f.bin"
     data = np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8).tobytes()
@@ -321,7 +321,7 @@ def test_file_reads_return_the_whole_file(tmp_path_factory, size: int, seed: int
 
 def test_file_reads_get_what_was_appended_after_the_size_was_read(tmp_path, monkeypatch) -> None:
     """A file that grows between fstat and read is read to its end, not cut at the old size."""
-    from threadloader.io import image
+    from threadloader.images import decode as image
 
     p = tmp_path / "growing.bin"
     data = bytes(range(256)) * 1000
@@ -338,7 +338,7 @@ def test_file_reads_get_what_was_appended_after_the_size_was_read(tmp_path, monk
 
 def test_file_reads_do_not_trust_a_size_of_zero() -> None:
     """Special files report size 0 but have content (a file that grew since its stat is the same case)."""
-    from threadloader.io.image import _read_file
+    from threadloader.images.decode import _read_file
 
     if not os.path.exists("/proc/self/cmdline"):
         pytest.skip("needs Linux /proc")
@@ -574,7 +574,7 @@ def test_strided_and_reversed_buffers_decode_their_logical_bytes(jpeg) -> None:
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    from threadloader.datagen import make_imagenet_like
+    from threadloader.images.datagen import make_imagenet_like
 
     return make_imagenet_like(tmp_path_factory.mktemp("inet"), num_classes=3, images_per_class=5,
                               size=(60, 80))
@@ -842,7 +842,7 @@ import sys
 import numpy as np, torch
 sys.path.insert(0, {tests!r})
 from test_io import _lossless_jpeg, T
-from threadloader.datagen import photo_like_image
+from threadloader.images.datagen import photo_like_image
 from threadloader.io import decode_image
 for h, w, size in ((256, 256, (16, 16)), (64, 96, (16, 24)), (300, 200, (37, 25))):
     pixels = photo_like_image(h, w, 5)
@@ -886,7 +886,8 @@ def test_region_decoder_is_found_or_cleanly_absent() -> None:
 
 def test_io_package_layout_keeps_public_names() -> None:
     import threadloader.io as tio
-    from threadloader.io import arrays, crop, image
+    from threadloader.images import arrays, crop
+    from threadloader.images import decode as image
 
     assert sorted(tio.__all__) == sorted(["ImageDecodeError", "Source", "decode_image", "image_size",
                                           "random_resized_crop_params", "RandomResizedCropLoader",
@@ -919,7 +920,7 @@ def test_a_decode_leaves_nothing_for_the_garbage_collector(fmt):
 
 @pytest.mark.parametrize("fmt", ["PNG", "GIF", "BMP", "WEBP", "TIFF", "JPEG", "PPM", "TGA", "ICO", "JPEG2000"])
 def test_formats_told_by_signature_are_the_ones_pillow_identifies(fmt):
-    from threadloader.io.image import _signature_format
+    from threadloader.images.decode import _signature_format
 
     data = encode(np.zeros((16, 16, 3), dtype=np.uint8), fmt)
     told = _signature_format(data)
@@ -1059,7 +1060,7 @@ def test_native_decodes_into_pooled_memory_sized_by_the_last_image(tmp_path) -> 
     """A larger image than the thread's last gets memory of its own, and sets the size for the next."""
     import threading
 
-    from threadloader._pool import decode_pool
+    from threadloader.images.buffers import decode_pool
 
     small = codec.encode_jpeg(photo_like_image(40, 50, 2), quality=90, colorspace="RGB")
     big = codec.encode_jpeg(photo_like_image(300, 400, 3), quality=90, colorspace="RGB")

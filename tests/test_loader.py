@@ -18,13 +18,14 @@ import pytest
 import torch
 from conftest import wait_no_worker_threads, worker_threads
 from helpers import (
+    DictProxy,
+    DiesAt,
     Failing,
+    OwnGenerators,
     Recorder,
     Sharded,
     Slow,
     Squares,
-    no_sigchld_handler,
-    outcomes,
     to_list,
     worker_torch_generator,
 )
@@ -252,156 +253,12 @@ def test_default_collate_does_not_use_shared_memory():
     assert batch[1].is_shared()
 
 
-class _MixedSamples(Dataset):
-    """Samples whose dtypes differ, or that require grad: default_collate's edge cases in workers."""
-
-    def __init__(self, kind: str) -> None:
-        self.kind = kind
-
-    def __len__(self) -> int:
-        return 4
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        if self.kind == "grad":
-            return torch.ones(2, requires_grad=True)
-        if self.kind == "ndarray":  # a tensor, then an array at the same position
-            return torch.ones(2) if i % 2 == 0 else np.ones(2)
-        if self.kind == "conj":
-            return (torch.ones(2, dtype=torch.complex64) * 1j).conj()
-        if self.kind in ("shrinking", "growing"):  # sizes differ; the batch is sized from the first
-            return torch.zeros(3 - i % 2 if self.kind == "shrinking" else 2 + i % 2)
-        first = torch.float32 if self.kind == "float" else torch.int64
-        return torch.tensor([i, i + 0.5], dtype=first if i % 2 == 0 else torch.float64)
-
-
-def _collate_outcome(cls, kind: str, num_workers: int, **kw):
-    it = iter(cls(_MixedSamples(kind), batch_size=2, num_workers=num_workers, **kw))
-    try:
-        return [(b.dtype, b.tolist()) for b in it]
-    except (TypeError, RuntimeError, AttributeError) as e:
-        return type(e), str(e).strip().splitlines()[-1]
-    finally:
-        # Left to the garbage collector in the error's traceback cycle,
-        # DataLoader's iterator takes 5 s to stop its worker.
-        it._shutdown_workers()
-
-
-@functools.lru_cache(maxsize=None)
-def _dataloader_collate_outcome(kind: str):
-    # One worker process: the batch's typing does not depend on the count.
-    return _collate_outcome(DataLoader, kind, 1, multiprocessing_context="fork")
-
-
-@pytest.mark.parametrize("kind", ["float", "long", "grad", "ndarray", "conj", "shrinking", "growing"])
-@pytest.mark.parametrize("worker_processes", [0, 1])
-def test_default_collate_in_workers_types_the_batch_as_dataloader_workers(kind, worker_processes):
-    # A DataLoader worker stacks into a batch of the first sample's dtype
-    # (``out=``): float32 then float64 gives float32, a float sample cannot go
-    # into a Long batch, and samples requiring grad are refused. Sizing the
-    # batch asks every sample for numel() (an array has none), a conjugate
-    # view cannot make the batch tensor, and a storage of all the samples'
-    # items cannot be resized to hold len(batch) first samples.
-    expected = _dataloader_collate_outcome(kind)
-    assert _collate_outcome(ThreadDataLoader, kind, 2, worker_processes=worker_processes) == expected
-
-
-class _NoGetitems(Dataset):
-    def __len__(self) -> int:
-        return 6
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        return torch.tensor([i])
-
-
-def _batched_reader(worker_id: int) -> None:
-    # This worker's copy of the dataset gets a batched reader of its own.
-    torch.utils.data.get_worker_info().dataset.__getitems__ = lambda indices: [("batched", int(i)) for i in indices]
-
-
-@pytest.mark.parametrize("worker_processes", [0, 1])
-def test_a_getitems_given_to_the_worker_copy_in_worker_init_fn_is_used_as_in_dataloader(worker_processes):
-    # torch's fetcher asks the worker's own dataset for __getitems__ at each
-    # fetch; ours decided once, from the loader's dataset.
-    def batches(cls, **kw):
-        return repr(list(cls(_NoGetitems(), batch_size=2, num_workers=2, worker_init_fn=_batched_reader, **kw)))
-
-    expected = batches(DataLoader, multiprocessing_context="fork")
-    assert "batched" in expected
-    assert batches(ThreadDataLoader, worker_processes=worker_processes) == expected
-
-
 # --- worker info and randomness -----------------------------------------------------------
-
-class _SharesTheLoadersGenerator(Dataset):
-    """Draws from the generator the loader shuffles with; copying it is slow (a big dataset's would be)."""
-
-    def __init__(self, generator: torch.Generator) -> None:
-        self.g = generator
-
-    def __len__(self) -> int:
-        return 8
-
-    def __getitem__(self, i: int) -> float:
-        return torch.rand((), generator=self.g).item()
-
-    def __copy__(self):
-        time.sleep(0.2)
-        clone = type(self).__new__(type(self))
-        clone.__dict__.update(self.__dict__)
-        return clone
-
-
-@pytest.mark.parametrize("worker_processes", [0, 1])
-def test_workers_copy_the_dataset_before_the_epoch_draws_its_order(worker_processes):
-    # A worker process's copy of the dataset (and of a generator it shares
-    # with the sampler) is taken when the workers start, before the sampler
-    # draws. Worker threads copied it in their own thread, at any time: a slow
-    # copy came after the draw, and the same seed gave other samples.
-    def batches(cls, **kw):
-        g = torch.Generator().manual_seed(7)
-        loader = cls(_SharesTheLoadersGenerator(g), batch_size=2, shuffle=True, generator=g, num_workers=2, **kw)
-        return [b.tolist() for b in loader]
-
-    expected = batches(DataLoader, multiprocessing_context="fork")
-    assert batches(ThreadDataLoader, worker_processes=worker_processes) == expected
-
-
-
-class _OwnGenerators(Dataset):
-    """Augments with generators of its own, made once in __init__ (a common pattern)."""
-
-    def __init__(self):
-        self.np_rng = np.random.default_rng(0)
-        self.legacy = np.random.RandomState(1)
-        self.py_rng = random.Random(2)
-        self.torch_rng = torch.Generator().manual_seed(3)
-
-    def __len__(self):
-        return 16
-
-    def __getitem__(self, i):
-        time.sleep(0.001 * (i % 3))  # workers interleave differently on every run
-        return (i, float(self.np_rng.random()), float(self.legacy.rand()), self.py_rng.random(),
-                torch.rand((), generator=self.torch_rng).item())
-
-
-@pytest.mark.parametrize("worker_processes", [0, 1])
-def test_generators_a_dataset_holds_are_each_workers_own(worker_processes):
-    # In DataLoader every worker process draws from its own copy of them: the
-    # same batches on every run. Shared by threads, the draws would go in
-    # whatever order the threads run.
-    ds = _OwnGenerators()
-    oracle = [to_list(b) for b in DataLoader(ds, batch_size=2, num_workers=2)]
-    for _ in range(2):
-        ours = [to_list(b) for b in ThreadDataLoader(ds, batch_size=2, num_workers=2, worker_processes=worker_processes)]
-        assert ours == oracle
-    assert ds.np_rng.random() == np.random.default_rng(0).random()  # the loader's dataset keeps its own
-
 
 @pytest.mark.parametrize("wrap", ["Subset", "ConcatDataset"])
 def test_generators_of_a_wrapped_dataset_are_each_workers_own(wrap):
     # random_split gives a Subset: the generators are the inner dataset's.
-    inner = _OwnGenerators()
+    inner = OwnGenerators()
     ds = Subset(inner, range(16)) if wrap == "Subset" else ConcatDataset([inner, inner])
     oracle = [to_list(b) for b in DataLoader(ds, batch_size=2, num_workers=2)]
     for _ in range(2):
@@ -487,7 +344,7 @@ def test_generators_inside_a_datasets_transforms_are_each_workers_own(init_fn, n
 
 
 def test_a_workers_dataset_copies_only_what_leads_to_a_generator():
-    from threadloader._replica import worker_dataset
+    from threadloader.worker.copies import worker_dataset
 
     ds = _Pipelined()
     ds.plain = {"a": [1, 2, 3]}
@@ -574,9 +431,8 @@ def test_objects_that_resist_the_search_are_shared_not_fatal():
 
 def test_generators_in_namedtuples_ordered_dicts_and_partials_are_each_workers_own():
     import collections
-    import functools
 
-    from threadloader._replica import worker_dataset
+    from threadloader.worker.copies import worker_dataset
 
     Pair = collections.namedtuple("Pair", "rng label")
 
@@ -629,7 +485,7 @@ def test_generators_that_deepcopy_cannot_copy_neither_kill_the_workers_nor_split
 
 
 def test_a_dataset_whose_copy_is_itself_keeps_its_generators():
-    class CopiesToItself(_OwnGenerators):
+    class CopiesToItself(OwnGenerators):
         def __copy__(self):
             return self
 
@@ -866,65 +722,7 @@ def test_iterable_dataset_iter_exception_reaches_user():
         next(iter(ThreadDataLoader(Broken(), num_workers=2)))
 
 
-class _FailsFirstIter(IterableDataset):
-    """Each worker's first ``__iter__`` fails (a shard not there yet); later epochs find it."""
-
-    def __init__(self) -> None:
-        self.calls: dict[int, int] = {}  # shared by the worker copies: one count per worker id
-
-    def __iter__(self):
-        info = get_worker_info()
-        self.calls[info.id] = self.calls.get(info.id, 0) + 1
-        if self.calls[info.id] == 1:
-            raise OSError("shard not ready")
-        return iter(range(info.id, 6, info.num_workers))
-
-
-def _failing_init(worker_id):
-    raise RuntimeError("init failed")
-
-
-@pytest.mark.parametrize("case", ["iterable_iter", "map_worker_init_fn"])
-@pytest.mark.parametrize("worker_processes", [0, 1])
-def test_a_persistent_workers_setup_failure_fails_its_epoch_only_as_in_dataloader(case, worker_processes):
-    # DataLoader's persistent workers build their fetcher again when the next epoch starts.
-    def run(cls, **kw):
-        if case == "iterable_iter":
-            dataset, init = _FailsFirstIter(), None
-        else:
-            dataset, init = Squares(6), _failing_init
-        loader = cls(dataset, batch_size=None, num_workers=2, persistent_workers=True, worker_init_fn=init,
-                     multiprocessing_context="fork", **kw)
-        it = iter(loader)
-        try:
-            first = [type(_raises(lambda: next(it))).__name__ for _ in range(2)]  # each worker's first task
-            return first, sorted(to_list(loader))
-        finally:
-            # Left to the garbage collector after the errors, DataLoader's
-            # persistent iterator takes 5 s per worker to stop.
-            loader._iterator._shutdown_workers()
-
-    expected = run(DataLoader)
-    assert run(ThreadDataLoader, worker_processes=worker_processes) == expected
-    assert len(expected[1]) == 6  # the second epoch is served in full
-
-
-def _raises(fn):
-    try:
-        fn()
-    except Exception as e:  # noqa: BLE001
-        return e
-    return None
-
-
-class _Proxy:
-    """A ``__getattr__`` that answers from a dict: a KeyError, not an AttributeError, for other names."""
-
-    def __getattr__(self, name):
-        return self.__dict__["cfg"][name]
-
-
-class _ProxySampler(_Proxy, torch.utils.data.Sampler):
+class _ProxySampler(DictProxy, torch.utils.data.Sampler):
     def __init__(self):
         self.cfg = {"n": 6}
 
@@ -935,7 +733,7 @@ class _ProxySampler(_Proxy, torch.utils.data.Sampler):
         return self.n
 
 
-class _ProxyIterable(_Proxy, IterableDataset):
+class _ProxyIterable(DictProxy, IterableDataset):
     def __init__(self):
         self.cfg = {"n": 4}
 
@@ -944,7 +742,7 @@ class _ProxyIterable(_Proxy, IterableDataset):
         return iter(range(0 if info is None else info.id, self.n, 1 if info is None else info.num_workers))
 
 
-class _ProxyCollate(_Proxy):
+class _ProxyCollate(DictProxy):
     def __init__(self):
         self.cfg = {}
 
@@ -955,17 +753,6 @@ class _ProxyCollate(_Proxy):
 class _ProxyInit(_ProxyCollate):
     def __call__(self, worker_id):
         pass
-
-
-class _ProxyMap(_Proxy, Dataset):
-    def __init__(self):
-        self.cfg = {}
-
-    def __len__(self):
-        return 4
-
-    def __getitem__(self, i):
-        return i
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
@@ -981,20 +768,6 @@ def test_objects_whose_getattr_raises_other_errors_work_as_in_dataloader(num_wor
         got = sorted(to_list(ThreadDataLoader(num_workers=num_workers, **kw)))
         assert got == sorted(to_list(DataLoader(num_workers=num_workers, **kw))), kw
     assert ThreadDataLoader(list(range(6)), sampler=_ProxySampler(), batch_size=2).state_dict()["version"] == STATE_VERSION
-
-
-@pytest.mark.parametrize("worker_processes", [0, 1])
-def test_a_dataset_getattr_raising_fails_each_batch_not_the_worker(worker_processes):
-    # torch's fetcher asks for __getitems__ inside its per-batch try: each batch raises the KeyError.
-    loader = ThreadDataLoader(_ProxyMap(), batch_size=2, num_workers=1, persistent_workers=True,
-                              worker_processes=worker_processes)
-    for _ in range(2):  # and the next epoch runs the same way
-        it = iter(loader)
-        for _ in range(2):
-            with pytest.raises(KeyError, match="__getitems__"):
-                next(it)
-        with pytest.raises(StopIteration):
-            next(it)
 
 
 def test_sampler_exception_reaches_user():
@@ -1019,42 +792,6 @@ def test_worker_thread_dying_is_reported_not_hung():
         list(ThreadDataLoader(Exits(4), num_workers=1, timeout=10))
 
 
-class _DiesAt(Dataset):
-    """Map-style: ``i`` everywhere but at ``bad``, where a BaseException ends the worker."""
-
-    def __init__(self, exc: BaseException, bad: int = 2, n: int = 6, delay: float = 0.0) -> None:
-        self.exc, self.bad, self.n, self.delay = exc, bad, n, delay
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> int:
-        if i == self.bad:
-            time.sleep(self.delay)
-            raise self.exc
-        return i
-
-
-@functools.lru_cache(maxsize=None)
-def _dead_worker_dataloader_outcomes() -> tuple:
-    # 5 s: DataLoader's worker status check interval. Run once for the cases below.
-    with no_sigchld_handler():
-        return tuple(outcomes(DataLoader(_DiesAt(SystemExit(3)), batch_size=None, num_workers=2)))
-
-
-@pytest.mark.parametrize("exc", [SystemExit(3), KeyboardInterrupt()], ids=["SystemExit", "KeyboardInterrupt"])
-@pytest.mark.parametrize("worker_processes", [0, 1])
-def test_dead_worker_is_skipped_after_its_error_as_dataloader_skips_a_dead_process(exc, worker_processes):
-    # DataLoader (the oracle) raises once where the dead worker's task was
-    # due, then goes on with the other workers' tasks. Ours must not wait
-    # forever for the dead one's.
-    expected = list(_dead_worker_dataloader_outcomes())
-    assert expected == [0, 1, "exited", 3, 5, "StopIteration"]
-    got = outcomes(ThreadDataLoader(_DiesAt(exc), batch_size=None, num_workers=2, timeout=20,
-                                     worker_processes=worker_processes))
-    assert got == expected
-
-
 class _NeedsArgument(SystemExit):
     def __init__(self, code, detail):  # pickles, but cannot be rebuilt from its args
         super().__init__(code)
@@ -1064,33 +801,11 @@ class _NeedsArgument(SystemExit):
 def test_a_worker_ended_by_an_exception_that_cannot_cross_processes_still_dies_as_dataloaders(exc):
     # Its death must still reach the consumer (else next() waits for the dead
     # worker's task for ever), named by the exception's repr.
-    loader = ThreadDataLoader(_DiesAt(exc), batch_size=None, num_workers=2, timeout=20, worker_processes=1)
+    loader = ThreadDataLoader(DiesAt(exc), batch_size=None, num_workers=2, timeout=20, worker_processes=1)
     with pytest.raises(RuntimeError) as info:
         list(loader)
     assert re.match(r"^DataLoader worker \(thread 0\) exited unexpectedly: ", str(info.value))
     assert repr(exc) in str(info.value)
-
-
-@pytest.mark.parametrize("worker_processes", [0, 1])
-def test_persistent_loader_with_a_dead_worker_refuses_the_next_epoch(worker_processes):
-    loader = ThreadDataLoader(_DiesAt(SystemExit(3)), batch_size=None, num_workers=2, timeout=20,
-                              persistent_workers=True, worker_processes=worker_processes)
-    assert outcomes(loader) == [0, 1, "exited", 3, 5, "StopIteration"]
-    with pytest.raises(RuntimeError, match=r"DataLoader worker \(thread\(s\) 0\) exited unexpectedly"):
-        iter(loader)
-
-
-@pytest.mark.parametrize("worker_processes", [0, 1])
-def test_a_worker_dying_after_break_makes_the_next_epoch_refused(worker_processes):
-    # Worker 0 dies on a task queued before the break (the abandoned epoch's
-    # tasks still run). DataLoader's next epoch waits for its workers and
-    # finds the dead one; so must ours, before any batch, however late it dies.
-    loader = ThreadDataLoader(_DiesAt(SystemExit(3), delay=0.5), batch_size=None, num_workers=2, timeout=20,
-                              persistent_workers=True, worker_processes=worker_processes)
-    for _ in loader:
-        break
-    with pytest.raises(RuntimeError, match=r"DataLoader worker \(thread\(s\) 0\) exited unexpectedly"):
-        iter(loader)
 
 
 @pytest.mark.parametrize("cls", [DataLoader, ThreadDataLoader])
@@ -1126,52 +841,6 @@ def test_timeout_bounds_each_wait_not_the_wait_for_a_batch_in_order():
 def test_timeout_does_not_fire_when_data_arrives():
     assert list(ThreadDataLoader(Slow(3, 0.01), batch_size=None, num_workers=2, timeout=5)) == [0, 1, 2]
 
-
-@pytest.mark.parametrize("worker_processes", [0, 1])
-def test_next_after_the_workers_are_shut_down_ends_the_epoch_as_in_dataloader(worker_processes):
-    # DataLoader's _shutdown_workers marks every worker unavailable: a next()
-    # skips their undone tasks and ends the epoch. Ours must not wait for ever
-    # (with a timeout, it must not raise timeouts instead).
-    def run(cls, **kw):
-        # Sample 0 comes at once, the others late: none is received ahead at the shutdown.
-        it = iter(cls(Slow(20, 0.5, slow=set(range(1, 20))), batch_size=None, num_workers=2, timeout=5, **kw))
-        first = int(next(it))
-        assert it._shutdown is False
-        it._shutdown_workers()
-        assert it._shutdown is True
-        return [first, *outcomes(it, 4)]  # iter() of an iterator is itself
-
-    assert run(ThreadDataLoader, worker_processes=worker_processes) == run(DataLoader) == [0, "StopIteration"]
-
-
-@pytest.mark.parametrize("worker_processes", [0, 1])
-def test_a_persistent_iterator_shut_down_serves_no_next_epoch(worker_processes):
-    # DataLoader fails on its closed queues; ours said nothing and waited for
-    # ever for the stopped threads (timeout here: a timeout).
-    loader = ThreadDataLoader(Squares(8), batch_size=2, num_workers=2, timeout=5, persistent_workers=True,
-                              worker_processes=worker_processes)
-    next(iter(loader))
-    loader._iterator._shutdown_workers()
-    with pytest.raises(RuntimeError, match=r"^ThreadDataLoader's workers have been shut down"):
-        iter(loader)
-
-
-@pytest.mark.parametrize("worker_processes", [0, 2])
-@pytest.mark.parametrize("value,error", [(-1, AssertionError), (2.0, TypeError)])
-def test_num_workers_made_invalid_after_construction_fails_as_in_dataloader(worker_processes, value, error):
-    errors = []
-    for cls, kw in ((DataLoader, {}), (ThreadDataLoader, {"worker_processes": worker_processes})):
-        loader = cls(Squares(4), num_workers=2, **kw)
-        loader.num_workers = value
-        with pytest.raises(error) as info:
-            iter(loader)
-        errors.append(str(info.value))
-    assert errors[0] == errors[1]
-    if value == -1:
-        assert errors[0] == "num_workers must be greater than 0 for MultiProcessingDataLoaderIter"
-
-
-# --- shutdown: no leaked threads ------------------------------------------------------------
 
 def test_threads_stop_when_a_worker_is_stuck_in_user_code():
     loader = ThreadDataLoader(Slow(4, 1.0), batch_size=None, num_workers=2)
@@ -1231,7 +900,7 @@ def test_no_warning_for_a_plain_run():
 def test_pinning_exception_reaches_user(monkeypatch, iterable):
     # Without an accelerator DataLoader never pins; pretend one exists and make
     # pinning fail, as a bad custom batch type's pin_memory() would.
-    import threadloader._engine.worker_loop as engine
+    import threadloader.engine.worker_loop as engine
 
     def failing_pin(data, device):
         raise MemoryError("cannot pin")
@@ -1280,66 +949,6 @@ def test_batch_sampler_yielding_iterators_and_empty_batches():
 
 
 # --- bad input caught where DataLoader catches it --------------------------------------------
-
-class _ListedBatches:
-    """A batch sampler yielding the given items as they are."""
-
-    def __init__(self, items: list) -> None:
-        self.items = items
-
-    def __iter__(self):
-        return iter(self.items)
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-
-def _events(loader, limit: int = 12) -> list:
-    """Each ``next()``'s batch, or an error's type and first words, until StopIteration."""
-    out, it = [], iter(loader)
-    for _ in range(limit):
-        try:
-            out.append(next(it).tolist())
-        except StopIteration:
-            return out + ["StopIteration"]
-        except Exception as e:  # noqa: BLE001 - the error is the outcome compared
-            out.append((type(e).__name__, str(e).split(" worker")[0]))
-    return out
-
-
-@pytest.mark.parametrize("bad", [6, torch.tensor(6), None], ids=["int", "0-d tensor", "None"])
-@pytest.mark.parametrize("worker_processes", [0, 1])
-def test_a_bad_index_from_a_batch_sampler_fails_its_task_only_as_in_dataloader(bad, worker_processes):
-    # DataLoader sends the item to a worker, whose fetch raises; the error comes
-    # in that task's turn and the epoch goes on. It must not escape from the
-    # prefetch on the training loop's thread, nor kill a worker thread.
-    items = [[0], [1], [2], bad, [4], [5]]
-    expected = _events(DataLoader(Squares(8), batch_sampler=_ListedBatches(items), num_workers=2))
-    got = _events(ThreadDataLoader(Squares(8), batch_sampler=_ListedBatches(items), num_workers=2,
-                                   worker_processes=worker_processes))
-    assert expected[3] == ("TypeError", "Caught TypeError in DataLoader")
-    assert got == expected
-
-
-@pytest.mark.parametrize("worker_processes", [0, 1])
-def test_stop_iteration_from_collate_ends_that_iterable_replica_as_in_dataloader(worker_processes):
-    expected = to_list(DataLoader(_StopsInCollate(), batch_size=2, num_workers=2, collate_fn=_stop_in_worker_0))
-    got = to_list(ThreadDataLoader(_StopsInCollate(), batch_size=2, num_workers=2, collate_fn=_stop_in_worker_0,
-                                   worker_processes=worker_processes))
-    assert expected == [[0, 1], [0, 1], [2, 3], [4, 5]]
-    assert got == expected
-
-
-class _StopsInCollate(IterableDataset):
-    def __iter__(self):
-        return iter(range(6))
-
-
-def _stop_in_worker_0(batch):
-    if torch.utils.data.get_worker_info().id == 0 and 2 in batch:
-        raise StopIteration  # e.g. next() on an exhausted helper iterator
-    return torch.tensor(batch)
-
 
 def test_prefetch_factor_0_fails_with_dataloaders_words():
     def error(cls):

@@ -98,7 +98,7 @@ def test_the_data_line_counts_the_files_left_out() -> None:
 def test_the_bench_says_how_many_images_it_left_out(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     pytest.importorskip("torchvision")
     from threadloader.bench import main
-    from threadloader.datagen import make_imagenet_like
+    from threadloader.images.datagen import make_imagenet_like
 
     root = make_imagenet_like(tmp_path / "data", num_classes=2, images_per_class=5, size=(48, 64))
     for bad in (root / "class_000" / "0.JPEG", root / "class_001" / "1.JPEG"):
@@ -148,7 +148,7 @@ def test_the_image_pipeline_example_shares_the_main_jobs_data(tmp_path: Path, mo
     from threadloader.bench import data
 
     made = []
-    monkeypatch.setattr("threadloader.datagen.make_imagenet_like", lambda root, **kw: made.append(Path(root)) or root)
+    monkeypatch.setattr("threadloader.images.datagen.make_imagenet_like", lambda root, **kw: made.append(Path(root)) or root)
     main_job = data.prepare_dataset(cache_dir=tmp_path, num_classes=10, images_per_class=100)
     example = data.prepare_dataset(cache_dir=tmp_path, num_classes=10, images_per_class=100,
                                    size=data.DEFAULT_IMAGE_SIZE)
@@ -162,7 +162,7 @@ def test_migration_rows_never_show_negative_cores_or_faults(tmp_path: Path) -> N
     # More batches than the folder holds: DataLoader's epoch ends, and its
     # worker processes are joined, inside the timed part.
     pytest.importorskip("torchvision")
-    from threadloader.datagen import make_imagenet_like
+    from threadloader.images.datagen import make_imagenet_like
 
     root = make_imagenet_like(tmp_path / "data", num_classes=2, images_per_class=16, size=(96, 128))
     step2 = _load_example("migration/step2_batching.py")

@@ -23,85 +23,34 @@ import threading
 import time
 import types
 import warnings
-from multiprocessing import forkserver, resource_tracker
 from pathlib import Path
 
 import numpy as np
 import psutil
 import pytest
 import torch
-from conftest import wait_no_worker_threads
-from helpers import Slow, Squares, no_sigchld_handler, outcomes, to_list
+from helpers import (
+    Slow,
+    Squares,
+    no_sigchld_handler,
+    open_fds,
+    outcomes,
+    to_list,
+    wait_until,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_oracle import loader_args, materialize, run_epochs
 from torch.utils.data import DataLoader, Dataset, default_collate, get_worker_info
 
-from threadloader import ThreadDataLoader, _context
+from threadloader import ThreadDataLoader
+from threadloader.worker import context as _context
 
 FORK = "fork"
 
 
-def _children() -> list[psutil.Process]:
-    # multiprocessing's resource tracker (started once by the spawn start
-    # method, for the whole session) and its forkserver are not worker processes.
-    helpers = {getattr(resource_tracker._resource_tracker, "_pid", None),
-               getattr(forkserver._forkserver, "_forkserver_pid", None)}
-    return [p for p in psutil.Process().children(recursive=True)
-            if p.status() != psutil.STATUS_ZOMBIE and p.pid not in helpers]
-
-
-def _fds() -> set[str]:
-    return set(os.listdir("/proc/self/fd"))
-
-
-def _shm() -> set[str]:
-    """This process's shared-memory entries: named after it, or still mapped by it.
-
-    /dev/shm is machine-wide and other processes' semaphores come and go in
-    it, so only what can be ours is looked at: torch's segments carry the pid
-    of their creator, and a segment or semaphore we still use is in our maps.
-    """
-    names = {n for n in (os.listdir("/dev/shm") if os.path.isdir("/dev/shm") else [])
-             if f"_{os.getpid()}_" in n}
-    with open("/proc/self/maps") as maps:
-        mapped = {line.split(None, 5)[-1].strip() for line in maps if "/dev/shm/" in line}
-    return names | mapped
-
-
-def _wait(cond, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return cond()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _warm_up():
-    # multiprocessing opens some process-wide things once (its resource
-    # sharer, for example; the resource tracker with its pipe, for the spawn
-    # start method; the forkserver and its pipe); do that before the per-test
-    # baselines.
-    resource_tracker.ensure_running()
-    forkserver.ensure_running()
-    list(ThreadDataLoader(Squares(4), batch_size=2, num_workers=2, worker_processes=2,
-                          multiprocessing_context=FORK))
-    gc.collect()
-    yield
-
-
-@pytest.fixture(autouse=True)
-def no_leaks():
-    gc.collect()
-    children, fds, shm = _children(), _fds(), _shm()
-    yield
-    gc.collect()
-    assert _wait(lambda: len(_children()) <= len(children)), f"leaked processes: {_children()}"
-    assert not wait_no_worker_threads()
-    assert _wait(lambda: _fds() <= fds), f"leaked file descriptors: {_fds() - fds}"
-    assert _wait(lambda: _shm() <= shm), f"leaked shared memory: {_shm() - shm}"
+# Every test: no child process, thread, file descriptor or /dev/shm entry left behind.
+pytestmark = pytest.mark.usefixtures("no_leaks")
 
 
 # --- the same batches as DataLoader ----------------------------------------------------
@@ -346,12 +295,12 @@ def test_a_sample_of_many_keys_gives_dataloaders_batches_in_a_few_blocks():
     # batch here, cut from a few shared blocks (or, empty, in none) rather
     # than a block (and a file descriptor in each process) apiece.
     expected = list(DataLoader(_ManyKeys(), batch_size=8))
-    before = len(_fds())
+    before = len(open_fds())
     loader = ThreadDataLoader(_ManyKeys(), batch_size=8, num_workers=4, worker_processes=2, prefetch_factor=3,
                               multiprocessing_context=FORK)
     most = 0
     for got, want in zip(loader, expected, strict=True):
-        most = max(most, len(_fds()) - before)
+        most = max(most, len(open_fds()) - before)
         assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
     # DataLoader's workers: 41 descriptors per batch held; a block each: as many again.
     assert most < 41, most
@@ -591,7 +540,7 @@ def test_a_persistent_loaders_next_epoch_names_every_dead_worker_process_as_data
 def test_a_child_reaped_by_someone_else_is_still_seen_dead(monkeypatch):
     # multiprocessing's exitcode reads None for a process that another thread
     # (or os.waitpid) reaped: the receiver took its death for a broken pipe.
-    from threadloader._procs import pool as pool_module
+    from threadloader.procs import process_pool as pool_module
 
     monkeypatch.setattr(pool_module, "EXIT_CODE_WAIT_S", 0.05)
     process = multiprocessing.get_context(FORK).Process(target=time.sleep, args=(60,), daemon=True)
@@ -613,8 +562,8 @@ def test_a_pool_stopped_on_the_thread_that_feeds_a_childs_jobs_does_not_wait_for
     # a child's jobs queue that pickles the jobs: the None telling that child
     # to stop would leave only after stop() returned, and stop() waited out
     # the children's budget for it.
-    from threadloader._procs import pool as pool_module
-    from threadloader._procs.wire import NEW_EPOCH
+    from threadloader.procs import process_pool as pool_module
+    from threadloader.procs.wire import NEW_EPOCH
 
     monkeypatch.setattr(pool_module, "JOIN_BUDGET_S", 60.0)
     it = iter(ThreadDataLoader(Squares(8), batch_size=2, num_workers=1, worker_processes=1,
@@ -817,7 +766,7 @@ def test_children_exit_when_the_parent_is_killed(context, tmp_path):
     try:
         proc.kill()
         proc.wait(timeout=5)
-        assert _wait(lambda: _gone(pids), timeout=5), "worker processes outlived their killed parent"
+        assert wait_until(lambda: _gone(pids), timeout=5), "worker processes outlived their killed parent"
     finally:
         proc.kill()
         _terminate(pids)  # orphans (when the test fails) hold the pipes communicate() reads to EOF
@@ -846,14 +795,14 @@ def test_ctrl_c_and_interpreter_exit_stop_the_children(tmp_path):
         proc.kill()
     assert "Timeout (" not in err, f"hung after Ctrl-C (faulthandler's dump):\n{err[-6000:]}"
     assert "interrupted" in out and "KeyboardInterrupt" in err, err[-3000:]
-    assert _wait(lambda: _gone(pids), timeout=5)
+    assert wait_until(lambda: _gone(pids), timeout=5)
     proc, pids = _spawn("exit", tmp_path)  # persistent workers alive at interpreter exit
     try:
         _, err = proc.communicate(timeout=10)
     finally:
         proc.kill()
     assert proc.returncode == 0, err
-    assert _wait(lambda: _gone(pids), timeout=5)
+    assert wait_until(lambda: _gone(pids), timeout=5)
 
 
 FORKED_COPY = textwrap.dedent(
@@ -885,51 +834,13 @@ def test_a_forked_copy_freed_in_a_child_leaves_the_owners_workers_alone():
     assert "can only join a child process" not in proc.stderr
 
 
-FORKED_PERSISTENT = textwrap.dedent(
-    """
-    import os, signal, sys
-    from threadloader import ThreadDataLoader
-
-    extra = {"worker_processes": 1, "multiprocessing_context": "fork"} if sys.argv[1] == "processes" else {}
-    loader = ThreadDataLoader(list(range(6)), batch_size=2, num_workers=2, persistent_workers=True, **extra)
-    epoch = [b.tolist() for b in loader]
-    it = iter(loader)
-    next(it)  # the parent's second epoch has begun
-    pid = os.fork()
-    if pid == 0:
-        signal.alarm(30)  # never wait for ever: SIGALRM ends the child
-        try:
-            next(it)
-            os._exit(3)
-        except RuntimeError as e:
-            if "call iter(loader) here" not in str(e):
-                os._exit(4)
-        os._exit(0 if [b.tolist() for b in loader] == epoch == [b.tolist() for b in loader] else 5)
-    _, status = os.waitpid(pid, 0)
-    print(os.waitstatus_to_exitcode(status), [b.tolist() for b in loader] == epoch)
-    """
-)
-
-
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
-@pytest.mark.parametrize("mode", ["threads", "processes"])
-def test_a_persistent_loader_iterated_in_a_forked_process_gets_workers_of_its_own(mode):
-    # The forked copy waited for ever for the parent's workers (a dataset
-    # holding a loader warmed up in the parent, used in DataLoader's forked
-    # workers). Its iterator says so at once; iter(loader) starts its own.
-    proc = subprocess.run([sys.executable, "-c", FORKED_PERSISTENT, mode], capture_output=True, text=True,
-                          timeout=90)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["0", "True"], proc.stderr
-
-
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 @pytest.mark.parametrize("module,name", [
-    ("threadloader.frames", "_publish_lock"),  # held by worker threads as they publish resized frames
-    ("threadloader._engine.intraop", "_lock"),
-    ("threadloader._rng", "_lock"),
-    ("threadloader._torch_compat", "_install_lock"),
-    ("threadloader.io._turbojpeg", "_lock"),
+    ("threadloader.images.frames", "_publish_lock"),  # held by worker threads as they publish resized frames
+    ("threadloader.worker.intraop", "_lock"),
+    ("threadloader.worker.rng", "_lock"),
+    ("threadloader._platform.torch_compat", "_install_lock"),
+    ("threadloader.images._turbojpeg", "_lock"),
     ("threadloader.integrations.accelerate", "_swap_lock"),  # held while Accelerate's prepare() runs
 ])
 def test_a_child_forked_while_another_thread_holds_a_module_lock_starts_with_it_free(module, name):
@@ -988,8 +899,8 @@ def test_pools_started_at_once_from_two_threads_keep_their_result_pipes_apart():
     # open for writing in the parent kept it: that other child's receiver then
     # waited for ever on a message cut short by its child's death (no end of
     # file), and the consumer hung. Seen in 8 of 30 concurrent starts.
-    from threadloader._engine.protocol import WorkerConfig
-    from threadloader._procs import ProcessPool
+    from threadloader.engine.protocol import WorkerConfig
+    from threadloader.procs import ProcessPool
 
     cfg = WorkerConfig(dataset=list(range(4)), kind=0, auto_collation=False, collate_fn=lambda x: x, drop_last=False,
                   base_seed=0, init_fn=None, num_workers=1, pin=False, pin_device=None, device_index=None)
@@ -1017,7 +928,7 @@ def test_pools_started_at_once_from_two_threads_keep_their_result_pipes_apart():
 
 @pytest.mark.skipif(not hasattr(os, "fork") or not os.path.isdir("/proc/self/fd"), reason="needs fork and /proc")
 def test_a_private_pipe_end_reaches_only_its_owners_forked_child():
-    from threadloader import _fork
+    from threadloader._platform import fork as _fork
 
     read_end, write_end = os.pipe()
     pipe = os.readlink(f"/proc/self/fd/{write_end}")
@@ -1238,7 +1149,7 @@ def test_frame_batches_from_processes_reuse_their_buffers_and_never_overwrite_a_
     import functools
 
     from threadloader import frame_collate
-    from threadloader._procs.mirror import mirror_count
+    from threadloader.procs.mirror import mirror_count
 
     mirrors = mirror_count()
     collate = functools.partial(frame_collate, normalize=((0.5,), (0.25,))) if normalize else frame_collate
@@ -1266,7 +1177,7 @@ def test_frame_batches_from_processes_reuse_their_buffers_and_never_overwrite_a_
 
 def test_a_stopped_pool_leaves_no_mirror_and_its_batches_stay_readable():
     from threadloader import frame_collate
-    from threadloader._procs.mirror import mirror_count
+    from threadloader.procs.mirror import mirror_count
 
     mirrors = mirror_count()
     loader = ThreadDataLoader(_Frames(), batch_size=8, num_workers=2, worker_processes=2, collate_fn=frame_collate,
@@ -1297,7 +1208,7 @@ FILE_SYSTEM_STRATEGY_CHILD = textwrap.dedent(
         before = named()
         loader = ThreadDataLoader(Frames(), batch_size=4, num_workers=2, worker_processes=2, prefetch_factor=4,
                                   collate_fn=frame_collate, multiprocessing_context=sys.argv[1])
-        for epoch in range(3):
+        for epoch in range(int(sys.argv[3])):
             if sys.argv[2] == "break":  # results the loop never reads are queued when the pool stops
                 for batch in loader:
                     time.sleep(0.3)
@@ -1314,8 +1225,10 @@ FILE_SYSTEM_STRATEGY_CHILD = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("context,epochs", [(FORK, "whole"), ("spawn", "whole"), (FORK, "break")])
-def test_file_system_sharing_strategy_leaves_no_segment_of_an_ended_child_behind(context, epochs, tmp_path):
+# Spawned children import torch anew: two epochs (four children) already
+# show a segment left per ended child.
+@pytest.mark.parametrize("context,epochs,count", [(FORK, "whole", 3), ("spawn", "whole", 2), (FORK, "break", 3)])
+def test_file_system_sharing_strategy_leaves_no_segment_of_an_ended_child_behind(context, epochs, count, tmp_path):
     # Children end in os._exit: an arena block, or the counters they were
     # started with, still mapped there kept its segment in /dev/shm until the
     # loader's process exited (an arena's worth per epoch). Results queued,
@@ -1323,7 +1236,7 @@ def test_file_system_sharing_strategy_leaves_no_segment_of_an_ended_child_behind
     # pool stops: torch counts a reference per message in flight.
     script = tmp_path / "file_system.py"  # a file: spawned children import the dataset's class from it
     script.write_text(FILE_SYSTEM_STRATEGY_CHILD)
-    out = subprocess.run([sys.executable, str(script), context, epochs], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, str(script), context, epochs, str(count)], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[]"
@@ -1335,7 +1248,7 @@ GC_IN_RECEIVER_CHILD = textwrap.dedent(
     import torch
     from torch.utils.data import Dataset
     from threadloader import ThreadDataLoader
-    from threadloader._procs.mirror import mirror_count
+    from threadloader.procs.mirror import mirror_count
 
     class Collecting(BaseException):  # ends its worker thread; unpickled by a receiver: a collection runs there
         def __reduce__(self):
@@ -1386,7 +1299,7 @@ FORK_HANGS_CHILD = textwrap.dedent(
     import json, os, sys, time, warnings
     import psutil
     from threadloader import ThreadDataLoader
-    from threadloader._procs import pool as procs_pool
+    from threadloader.procs import process_pool as procs_pool
 
     hangs, marks = int(sys.argv[1]), sys.argv[2]
     procs_pool.FORK_START_S = 1.0

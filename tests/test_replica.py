@@ -1,4 +1,4 @@
-"""Each worker's own copy of the dataset and hooks (threadloader/_replica.py), against DataLoader.
+"""Each worker's own copy of the dataset and hooks (threadloader/worker/copies.py), against DataLoader.
 
 A DataLoader worker process has its own copy of the dataset, ``collate_fn``
 and ``worker_init_fn``, and of every generator they reach, however it is
@@ -25,7 +25,7 @@ from conftest import wait_no_worker_threads
 from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate, get_worker_info
 
 from threadloader import ThreadDataLoader
-from threadloader._replica import worker_dataset, worker_parts
+from threadloader.worker.copies import worker_dataset, worker_parts
 
 
 class _Jitter:
@@ -310,7 +310,7 @@ class _BlocksInGetitem(_ClosesInDel):
 def test_a_copy_whose_thread_outlives_the_stop_is_finalized_by_that_thread(tmp_path, monkeypatch):
     # stop() gives up on a thread still in user code after JOIN_BUDGET_S; its
     # copy was then left to the collector, whose __del__ closed the original's file.
-    from threadloader._engine import pool as pool_module
+    from threadloader.engine import thread_pool as pool_module
 
     monkeypatch.setattr(pool_module, "JOIN_BUDGET_S", 0.05)
     path = tmp_path / "data.bin"

@@ -21,7 +21,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from threadloader import ThreadDataLoader, _rng, worker
+from threadloader import ThreadDataLoader, worker
+from threadloader.worker import rng as _rng
 
 
 def _same(a, b) -> bool:
@@ -433,7 +434,7 @@ def test_python_random_in_a_worker_is_seeded_like_a_worker_process():
 
 
 def test_numpy_legacy_random_in_a_worker_is_seeded_like_a_worker_process():
-    from threadloader._torch_compat import numpy_seed_state
+    from threadloader._platform.torch_compat import numpy_seed_state
 
     def draws(r):
         return [r.rand(2), r.randn(), r.randint(0, 99, 3), r.normal(1.0, 2.0), r.choice(5, 2), r.permutation(4),
@@ -508,7 +509,9 @@ def test_frame_collate_runs_outside_the_routing_mode_and_keeps_it() -> None:
     # worker still gets its draws routed afterwards.
     import numpy as np
 
-    from threadloader import Frame, ThreadDataLoader, _rng, _torch_compat, frame_collate
+    from threadloader import Frame, ThreadDataLoader, frame_collate
+    from threadloader._platform import torch_compat as _torch_compat
+    from threadloader.worker import rng as _rng
 
     seen = []
 
@@ -644,7 +647,7 @@ def test_importing_threadloader_does_not_import_dynamo():
     # torch._dynamo costs seconds to import, and on a free-threaded build it
     # imports triton, which turns the GIL back on: only torch.compile may.
     code = ("import sys, torch\nbefore = 'torch._dynamo' in sys.modules\n"
-            "import threadloader, threadloader.io, threadloader._rng\n"
+            "import threadloader, threadloader.io, threadloader.worker.rng\n"
             "print(before, 'torch._dynamo' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.stdout.split() == ["False", "False"], out.stderr[-2000:]

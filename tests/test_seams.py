@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-import json
+import importlib
+import importlib.util
+import os
 import pickle
 import subprocess
 import sys
 
 import pytest
 
+import threadloader
 from threadloader import ThreadDataLoader
-from threadloader._moved import MOVED
 from threadloader.engine import hooks
 from threadloader.engine.protocol import Job, Kind, Message, Pool
 from threadloader.engine.thread_pool import ThreadPool, start_thread_pool
@@ -104,31 +106,37 @@ def test_a_failing_hook_ends_the_hooks_started_before_it(monkeypatch):
     assert ended == ["first", "b", "a"]  # the last started ends first
 
 
-def test_every_old_import_path_is_the_module_at_its_new_one():
-    # In a fresh interpreter: each old name imported first, before its module.
-    code = ("import importlib, json, sys, threadloader; from threadloader._moved import MOVED; "
-            "bad = [old for old, new in sorted(MOVED.items()) if importlib.import_module(old) is not "
-            "importlib.import_module(new) or sys.modules[new].__spec__.name != new]; print(json.dumps(bad))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert json.loads(out) == []
-    # ``from old_package import old_module``: the package is found under its new name first.
-    code = ("import importlib, json, threadloader; from threadloader._moved import MOVED; bad = []\n"
-            "for old, new in sorted(MOVED.items()):\n"
-            "    parent, _, child = old.rpartition('.')\n"
-            "    if parent in MOVED:\n"
-            "        got = getattr(__import__(parent, fromlist=[child]), child)\n"
-            "        bad += [] if got is importlib.import_module(new) else [old]\n"
-            "print(json.dumps(bad))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert json.loads(out) == []
-    assert "threadloader.frames" in MOVED and "threadloader.device" in MOVED  # public paths
+#: A public module path -> the modules that define what it exports.
+PUBLIC_REEXPORTS = {
+    "threadloader.frames": ("threadloader.images.frames",),
+    "threadloader.device": ("threadloader.images.device", "threadloader.images.transform"),
+}
 
 
-def test_patching_an_old_path_patches_the_code_that_runs(monkeypatch):
-    import threadloader._engine.worker_loop as old_path
-    from threadloader.engine import worker_loop
+@pytest.mark.parametrize("public", sorted(PUBLIC_REEXPORTS))
+def test_a_public_path_is_a_module_of_its_own_that_re_exports(public):
+    # A file static tools (mypy, IDEs, mkdocstrings) can read, whose names
+    # are the very objects of the modules that define them.
+    module = importlib.import_module(public)
+    assert module.__file__.endswith(public.replace(".", os.sep) + ".py")
+    homes = [importlib.import_module(home) for home in PUBLIC_REEXPORTS[public]]
+    assert module.__all__
+    for name in module.__all__:
+        assert any(getattr(home, name, None) is getattr(module, name) for home in homes), name
 
-    assert old_path is worker_loop
-    monkeypatch.setattr(old_path, "samples_in", lambda index: 99)
-    assert worker_loop.samples_in([1, 2]) == 99
+
+@pytest.mark.parametrize("public", ["threadloader.io", "threadloader.state", "threadloader.worker",
+                                    "threadloader.stats", "threadloader.integrations.accelerate"])
+def test_the_other_public_paths_are_files_of_the_package(public):
+    spec = importlib.util.find_spec(public)
+    assert spec is not None and spec.origin is not None and os.path.isfile(spec.origin)
+    assert os.path.dirname(threadloader.__file__) in spec.origin
+
+
+@pytest.mark.parametrize("old", ["threadloader._engine", "threadloader._engine.worker_loop", "threadloader._procs",
+                                 "threadloader._rng", "threadloader._torch_compat", "threadloader.io.image",
+                                 "threadloader.datagen", "threadloader._pool"])
+def test_the_old_private_paths_are_gone(old):
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module(old)
 

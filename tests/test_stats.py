@@ -14,8 +14,17 @@ from helpers import Slow
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from threadloader import ThreadDataLoader, stats
-from threadloader._procs import child as procs_child
+from threadloader.procs import child as procs_child
 from threadloader.stats import GIL_CHECK_INTERVAL_S
+
+#: The GIL check's interval in these tests: half the library's, so that the few
+#: intervals a test runs for take half the time. The verdict is the same.
+CHECK_S = GIL_CHECK_INTERVAL_S / 2
+
+
+@pytest.fixture(autouse=True)
+def _short_gil_check_interval(monkeypatch):
+    monkeypatch.setattr(stats.counters, "GIL_CHECK_INTERVAL_S", CHECK_S)  # read at each check
 
 
 def _loop(work: int) -> int:
@@ -84,7 +93,7 @@ def every_core_busy(cpus=None):
 needs_two_cores = pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="the GIL check needs 2 cores to compare with")
 
 
-def gil_warnings(monkeypatch, machine, seconds: float = 3 * GIL_CHECK_INTERVAL_S + 0.5,
+def gil_warnings(monkeypatch, machine, seconds: float = 3 * CHECK_S + 0.5,
                  gil: bool | None = True, dataset=None, epochs: int = 1, **loader_kwargs) -> list:
     # The figures are simulated, and so is the GIL unless ``gil`` is None: on
     # a free-threaded Python with the GIL off, the check must stay silent.
@@ -106,7 +115,7 @@ def gil_warnings(monkeypatch, machine, seconds: float = 3 * GIL_CHECK_INTERVAL_S
 @needs_two_cores
 def test_warns_once_per_loader_not_once_per_epoch(monkeypatch):
     # Each epoch of a non-persistent loader is a new iterator: it warned again.
-    gil = gil_warnings(monkeypatch, only_this_process_busy, seconds=2 * GIL_CHECK_INTERVAL_S + 0.3, epochs=3)
+    gil = gil_warnings(monkeypatch, only_this_process_busy, seconds=2 * CHECK_S + 0.3, epochs=3)
     assert len(gil) == 1, gil
 
 
@@ -180,7 +189,7 @@ def test_no_gil_warning_when_workers_run_in_processes(monkeypatch, worker_proces
     # GIL), and the warning's advice would be worker_processes itself. The dataset sleeps:
     # no child burns a core.
     kwargs = dict(worker_processes=worker_processes, multiprocessing_context="fork")
-    gil = gil_warnings(monkeypatch, only_this_process_busy, 2 * GIL_CHECK_INTERVAL_S + 0.5,
+    gil = gil_warnings(monkeypatch, only_this_process_busy, 2 * CHECK_S + 0.5,
                        dataset=Slow(100_000, 0.01), **kwargs)
     assert len(gil) == expected, gil
 
@@ -198,7 +207,7 @@ def test_warns_when_the_threads_of_worker_processes_are_gil_bound(monkeypatch, n
                               worker_processes=worker_processes, multiprocessing_context="fork")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        run_for(loader, 3 * GIL_CHECK_INTERVAL_S + 0.5)
+        run_for(loader, 3 * CHECK_S + 0.5)
     gil = [w for w in caught if "holds the GIL" in str(w.message)]
     assert len(gil) == 1, [str(w.message) for w in caught]
     message = str(gil[0].message)
@@ -230,7 +239,7 @@ def test_no_gil_warning_when_one_thread_of_a_worker_process_does_all_the_work(mo
                               multiprocessing_context="fork")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        run_for(loader, 3 * GIL_CHECK_INTERVAL_S + 0.5)
+        run_for(loader, 3 * CHECK_S + 0.5)
     assert [w for w in caught if "holds the GIL" in str(w.message)] == []
 
 
@@ -244,7 +253,7 @@ def test_no_gil_warning_when_the_threads_of_a_worker_process_wait_on_io(monkeypa
                               multiprocessing_context="fork")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        run_for(loader, 3 * GIL_CHECK_INTERVAL_S + 0.5)
+        run_for(loader, 3 * CHECK_S + 0.5)
     assert [w for w in caught if "holds the GIL" in str(w.message)] == []
 
 
@@ -282,7 +291,7 @@ def test_no_gil_warning_when_workers_wait_on_io():
     loader = ThreadDataLoader(Slow(10_000, 0.01), batch_size=2, num_workers=4)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        run_for(loader, 2 * GIL_CHECK_INTERVAL_S + 0.5)
+        run_for(loader, 2 * CHECK_S + 0.5)
     assert not [w for w in caught if "holds the GIL" in str(w.message)]
 
 
@@ -361,7 +370,7 @@ def test_iterable_fetch_time_is_never_negative_in_a_snapshot(monkeypatch):
     # The collate time is taken out of the fetch time in one update: a worker
     # paused right after its fetcher returned (descheduled) must not show a
     # negative fetch time to a snapshot taken meanwhile.
-    import threadloader._engine.worker_loop as worker_loop
+    import threadloader.engine.worker_loop as worker_loop
 
     class PausesAfterFetch:
         def __init__(self, fetcher):

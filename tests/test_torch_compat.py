@@ -11,7 +11,7 @@ import torch.utils.data as tud
 from torch.utils.data._utils import collate as torch_collate
 from torch.utils.data._utils import worker as torch_worker
 
-from threadloader import _torch_compat as compat
+from threadloader._platform import torch_compat as compat
 
 
 def test_get_worker_info_is_thread_local_and_falls_back_to_the_global():
@@ -69,7 +69,7 @@ def test_numpy_seed_state_matches_torchs_worker_seeding():
 
 
 def test_default_collate_skips_shared_memory_only_in_our_threads():
-    from threadloader import _collate
+    from threadloader.worker import collate as _collate
 
     compat.install()
     _collate.install()

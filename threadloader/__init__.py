@@ -8,10 +8,6 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from . import _moved
-
-_moved.install()  # the modules' old import paths (threadloader.frames, threadloader.device, ...)
-
 __version__ = "0.1.0"
 
 __all__ = [

@@ -51,7 +51,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from threadloader.datagen import make_imagenet_like
+from threadloader.images.datagen import make_imagenet_like
 
 base, copies = Path(sys.argv[1]), int(sys.argv[2])
 src = make_imagenet_like(base / "src", num_classes=10, images_per_class=40)

@@ -145,14 +145,14 @@ FRAME_PATHS = ("python", "native")
 
 def _use_path(path: str) -> None:
     """Decode with ``path`` here, in forked workers and in spawned kernel-bound processes."""
-    from threadloader.io import image
+    from threadloader.images import decode as image
 
     os.environ["THREADLOADER_NATIVE"] = "1" if path == "native" else "0"
     image._install_native()
 
 
 def _paths() -> list[str]:
-    from threadloader.io import image
+    from threadloader.images import decode as image
 
     saved = os.environ.get("THREADLOADER_NATIVE")
     os.environ["THREADLOADER_NATIVE"] = "1"
@@ -219,7 +219,7 @@ def run_proxy(args: argparse.Namespace) -> list[dict[str, Any]]:
             os.environ.pop("THREADLOADER_NATIVE", None)
         else:
             os.environ["THREADLOADER_NATIVE"] = saved
-        from threadloader.io import image
+        from threadloader.images import decode as image
 
         image._install_native()
     _print(rows, why)

@@ -143,7 +143,7 @@ def _imagefolder_pil(scale: Scale, cache: Path) -> tuple[Any, None]:
 
 
 def _frames(scale: Scale, cache: Path) -> tuple[Any, Callable[[list[Any]], Any]]:
-    from threadloader.frames import frame_collate
+    from threadloader.images.frames import frame_collate
 
     return frame_dataset(_image_root(scale, cache), scale.image_size), frame_collate
 

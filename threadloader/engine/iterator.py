@@ -230,11 +230,19 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
             # their worker process (that death).
             self._dead_workers: dict[int, ProcessDeath | None] = {}
         else:  # a persistent iterator's next epoch
-            self._await_workers()
-            if self._dead_workers:
-                # Their tasks would never be served. DataLoader's next epoch
-                # finds its dead worker process the same way.
-                raise self._refusal()
+            try:
+                self._await_workers()
+                if self._dead_workers:
+                    # Their tasks would never be served. DataLoader's next epoch
+                    # finds its dead worker process the same way.
+                    raise self._refusal()
+            except BaseException:
+                # DataLoader's _reset begins the new epoch before it waits for
+                # its workers: refused there, its iterator is at an epoch with
+                # no task sent, and next() ends it. The abandoned epoch's
+                # results are gone (the wait dropped them): none is waited for.
+                self._drop_epoch()
+                raise
             self._plan = None
             self._epoch_start = EpochStart.capture(loader, self._base_seed)
             # Persistent workers' copies go on from where the last epoch left them.
@@ -401,18 +409,7 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
         Raises:
             RuntimeError: a worker process crashed, or ``timeout`` passed.
         """
-        pool = self._pool
-        waiting = set(range(self._num_workers)) - set(self._dead_workers)
-        for worker_id in sorted(waiting):
-            pool.submit(worker_id, Job(SYNC_TASK, pool.generation, None))
-        while waiting:  # ``timeout`` bounds each wait, as DataLoader's
-            message = self._get_message(self._deadline())
-            if message.kind == Kind.SYNCED:
-                waiting.discard(message.worker_id)
-            elif message.kind == Kind.DIED:
-                waiting.difference_update(self._record_death(message.worker_id, message.payload)[1])
-            elif message.kind == Kind.CRASHED:
-                self._crashed(message.payload)
+        self._round_trip(SYNC_TASK, lambda message: None)
 
     def _await_iterators(self) -> None:
         """Have every live worker begin the new epoch's replica and record its copy's state then.
@@ -424,28 +421,16 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
         Raises:
             RuntimeError: a worker process crashed, or ``timeout`` passed.
         """
-        pool = self._pool
-        waiting = set(range(self._num_workers)) - set(self._dead_workers)
-        for worker_id in sorted(waiting):
-            pool.submit(worker_id, Job(ITER_TASK, pool.generation, None))
         went_on: set[int] = set()
-        while waiting:
-            message = self._get_message(self._deadline())
-            kind, worker_id, payload = message.kind, message.worker_id, message.payload
-            if kind == Kind.SYNCED and message.task == ITER_TASK and message.generation == pool.generation:
-                waiting.discard(worker_id)
-                if type(payload) is Stated and payload.iter_state is not None:
-                    self._iter_states.setdefault(worker_id, payload.iter_state)
-                if type(payload) is Stated and payload.went_on:
-                    went_on.add(worker_id)
-            elif kind == Kind.DIED:
-                error, dead = self._record_death(worker_id, payload)
-                waiting.difference_update(dead)
-                for w in dead:
-                    self._workers_status[w] = False
-                    self._deaths[w] = error
-            elif kind == Kind.CRASHED:
-                self._crashed(payload)
+
+        def answered(message: Message) -> None:
+            payload = message.payload
+            if type(payload) is Stated and payload.iter_state is not None:
+                self._iter_states.setdefault(message.worker_id, payload.iter_state)
+            if type(payload) is Stated and payload.went_on:
+                went_on.add(message.worker_id)
+
+        self._round_trip(ITER_TASK, answered)
         if not went_on:
             return
         # Copies that loaded their checkpointed state: none of their batches
@@ -456,6 +441,64 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
         for w in went_on:
             self._worker_received[w] += self._worker_skip[w]
             self._worker_skip[w] = 0
+
+    def _round_trip(self, task: int, answered: Callable[[Message], None]) -> None:
+        """Send every live worker the control job ``task``; wait for each one's ``Kind.SYNCED`` answer.
+
+        Other messages are dropped, but deaths: a worker that dies meanwhile
+        is waited for no more, and is marked dead as a death anywhere is
+        (see _mark_dead), as DataLoader marks a worker found dead while it
+        waits for its workers' answers.
+
+        Args:
+            task: ``SYNC_TASK`` or ``ITER_TASK``.
+            answered: called with each worker's answer, as it arrives.
+
+        Raises:
+            RuntimeError: a worker process crashed, or ``timeout`` passed
+                (``timeout`` bounds each wait, as DataLoader's).
+        """
+        pool = self._pool
+        waiting = set(range(self._num_workers)) - set(self._dead_workers)
+        for worker_id in sorted(waiting):
+            pool.submit(worker_id, Job(task, pool.generation, None))
+        while waiting:
+            message = self._get_message(self._deadline())
+            kind = message.kind
+            if kind == Kind.SYNCED and message.task == task and message.generation == pool.generation:
+                waiting.discard(message.worker_id)
+                answered(message)
+            elif kind == Kind.DIED:
+                waiting.difference_update(self._mark_dead(message))
+            elif kind == Kind.CRASHED:
+                self._crashed(message.payload)
+
+    def _mark_dead(self, message: Message) -> tuple[int, ...]:
+        """Mark the workers a ``Kind.DIED`` message names unavailable, their death to be raised once.
+
+        As DataLoader does with a dead worker process: the worker is
+        unavailable from now on, its tasks are skipped, and the error is
+        raised where its next task was due (or, a persistent iterator's next
+        epoch, as the epoch's refusal).
+
+        Returns:
+            The dead workers.
+        """
+        error, dead = self._record_death(message.worker_id, message.payload)
+        for w in dead:
+            self._workers_status[w] = False
+            self._deaths[w] = error
+        return dead
+
+    def _drop_epoch(self) -> None:
+        """Leave this epoch with nothing to wait for: the next ``next()`` ends it (StopIteration)."""
+        self._task_info.clear()
+        self._task_items.clear()
+        self._stash.clear()
+        self._deaths.clear()
+        self._tasks_outstanding = 0
+        self._rcvd_idx = self._send_idx
+        self._sampler_done = True
 
     def _deadline(self) -> float | None:
         return None if self._timeout <= 0 else time.monotonic() + self._timeout
@@ -568,10 +611,7 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
                     # dead worker process: the worker is unavailable from now on,
                     # its tasks are skipped, and the error is raised where its next
                     # task was due.
-                    error, dead = self._record_death(message.worker_id, message.payload)
-                    for w in dead:
-                        self._workers_status[w] = False
-                        self._deaths[w] = error
+                    self._mark_dead(message)
                     return message
                 if message.generation != pool.generation or kind == Kind.SYNCED:
                     continue  # from an epoch that was abandoned, or an unread answer of an aborted sync

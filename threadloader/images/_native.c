@@ -5,7 +5,7 @@
  * per core each re-take can block behind another thread. load() does the
  * file read, the header parse and the scaled decode with the GIL released
  * once. It calls TurboJPEG 3 through pointers found with dlsym in the library
- * Python found (threadloader/io/_turbojpeg.py): no header or library is
+ * Python found (threadloader/images/_turbojpeg.py): no header or library is
  * needed to build this file. Anything it does not decode itself (not a JPEG,
  * CMYK/YCCK, lossless, over the pixel limit, any error or warning) is handed
  * back to the Python path, which decodes it (or fails) exactly as before.
@@ -784,7 +784,7 @@ static PyModuleDef_Slot slots[] = {
 
 static struct PyModuleDef module_def = {
     PyModuleDef_HEAD_INIT, "threadloader.images._native",
-    "Read and decode a JPEG file with the GIL released once (see threadloader/io/image.py).",
+    "Read and decode a JPEG file with the GIL released once (see threadloader/images/decode.py).",
     0, methods, slots, NULL, NULL, NULL,
 };
 

@@ -8,10 +8,10 @@ unmapping serialise on the kernel's address-space lock.
 
 Here each child keeps an arena (:class:`ChildArena`): shared-memory blocks,
 lent for batch buffers (``frame_collate``'s, and ``default_collate``'s
-through :mod:`threadloader._torch_compat`) exactly as
-:class:`threadloader._pool.BufferPool` lends host memory. A block reaches the
+through :mod:`threadloader._platform.torch_compat`) exactly as
+:class:`threadloader.images.buffers.BufferPool` lends host memory. A block reaches the
 parent once, as torch shares any storage; the parent keeps it mapped
-(:class:`threadloader._procs.mirror.Mirror`), and afterwards a batch in it travels as its block's id.
+(:class:`threadloader.procs.mirror.Mirror`), and afterwards a batch in it travels as its block's id.
 The parent lends the consumer a tensor over its mapping and watches it as the
 pool watches its loans: when the last tensor, view or array of that batch is
 gone, the block's id goes back to the child with its next job, and the
@@ -91,7 +91,7 @@ class ChildArena(BufferPool):
     """A child process's pool of shared-memory batch buffers (see the module docstring).
 
     Args:
-        token: the parent's :class:`~threadloader._procs.mirror.Mirror` for this child.
+        token: the parent's :class:`~threadloader.procs.mirror.Mirror` for this child.
         batches: the child's batches in circulation (in flight, held by the
             consumer, being pinned). The free blocks kept are that many times
             the most arena tensors one result has held so far (a batch of
@@ -208,7 +208,7 @@ class ChildArena(BufferPool):
 
         Args:
             forked: blocks a process forked from the parent may still read
-                (see :meth:`threadloader._procs.mirror.Mirror.fork_holds_loans`): never lent again, and
+                (see :meth:`threadloader.procs.mirror.Mirror.fork_holds_loans`): never lent again, and
                 the parent unmaps them when it reads them (with the next
                 result). First, so that no release below puts one back.
         """
