@@ -152,7 +152,8 @@ def run_inline(cfg: WorkerConfig, worker_id: int, shared: InlineShared) -> None:
         _worker_main(shared, cfg, worker_id, parts)
         if shared.error is not None:
             raise shared.error
-        while not shared.ended and shared._dispatcher.next(shared) is not None:
+        # The worker loop ends for good where it swallowed SIGTERM's SystemExit (``stopping``).
+        while not shared.ended and not shared.stopping and shared._dispatcher.next(shared) is not None:
             pass  # its worker is gone: the parent reports it, and sends it no more tasks
     finally:
         shared.stopping = True

@@ -60,6 +60,10 @@ from .wire import NEW_EPOCH, RELEASED, Parcel, ReceiveError, job_message, receiv
 
 __all__ = ["ProcessPool", "check_worker_processes", "process_pool_factory"]
 
+#: When nothing is pinned, the consumer reads the children's result pipes itself
+#: (:class:`_DirectInbox`); False: receiver threads read them, as when pinning.
+DIRECT_READ = True
+
 #: How long a dead child's exit code may take to appear when another thread reaps it.
 EXIT_CODE_WAIT_S = 1.0
 
@@ -371,7 +375,7 @@ class ProcessPool:
         # ask for it when that thread is the main thread (its end is the process's).
         death_signal = threading.current_thread() is threading.main_thread()
         self._children: list[_Child] = []
-        if not cfg.pin:  # nothing to pin: the consumer reads the children's pipes itself, no receiver threads
+        if DIRECT_READ and not cfg.pin:  # nothing to pin: the consumer reads the children's pipes itself
             self.results = _DirectInbox(self._by_worker, self._children, weakref.ref(self))
 
         def start_child(p: int) -> _Child:
