@@ -145,8 +145,9 @@ def test_a_child_told_to_stop_by_sigterm_mid_task_exits_as_a_crash_not_a_worker_
     # task there, that is the child stopping (exit code 0), not its worker failing.
     it = iter(ThreadDataLoader(_SlowFirst(), batch_size=None, num_workers=num_workers, worker_processes=2,
                                multiprocessing_context=FORK, timeout=20))
-    pids = it._pool.pids
-    assert test_procs._wait(lambda: it._pool.counters[0].busy, timeout=20)  # in its first task's sleep
+    pool = it._pool
+    pids = pool.pids
+    assert test_procs._wait(lambda: pool.counters[0].busy, timeout=20)  # in its first task's sleep
     os.kill(pids[0], signal.SIGTERM)
     with pytest.raises(RuntimeError, match=rf"^DataLoader worker \(pid\(s\) {pids[0]}\) exited unexpectedly$") as info:
         next(it)
