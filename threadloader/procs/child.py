@@ -139,15 +139,17 @@ def child_main(
     else:
         pool = ThreadPool(cfg, worker_ids, ParcelQueue(results), rows)
     try:
-        if type(pool) is InlineShared:
+        if isinstance(pool, InlineShared):
             run_inline(cfg, worker_ids[0], pool)
-        while type(pool) is ThreadPool and (got := dispatcher.next(pool)) is not None:
-            pool.submit(*got)
+        else:
+            while (got := dispatcher.next(pool)) is not None:
+                pool.submit(*got)
     finally:
         # Never wait to flush results nobody will read.
         results.cancel_join_thread()
-        if type(pool) is ThreadPool:
+        if not isinstance(pool, InlineShared):
             pool.stop()
+        dispatcher.close()  # it writes to the counters, let go of below
         # The process ends in os._exit, where nothing is collected: under the
         # file_system sharing strategy a segment still mapped then stays in
         # /dev/shm until the loader's process exits. Let go of both.

@@ -93,6 +93,11 @@ class Dispatcher:
             else:
                 return worker_id, job_of(job)
 
+    def close(self) -> None:
+        """Let go of the counters array and the arena (the child is ending); :meth:`next` may not be called again."""
+        self._array = None
+        self._arena = None
+
 
 class InlineShared(_Shared):
     """The worker loop's shared state for a worker run in the child's main thread: its next job comes from the
