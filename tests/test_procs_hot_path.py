@@ -244,3 +244,33 @@ def test_readers_report_data_and_ends_of_file(with_poll, monkeypatch):
     finally:
         for conn in (a_reader, b_reader, b_writer):
             conn.close()
+
+
+class _Marker(torch.overrides.TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+class _ThreadState(Dataset):
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int):
+        n = torch._C._len_torch_function_stack()
+        modes = [type(torch._C._get_function_stack_at(k)).__name__ for k in range(n)]
+        return (torch.is_grad_enabled(), torch.is_inference_mode_enabled(), torch.is_autocast_enabled("cpu"),
+                "_Marker" in modes)
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+@pytest.mark.parametrize("num_workers", [2, 4], ids=["lone-worker", "worker-threads"])
+def test_a_lone_worker_starts_as_a_worker_thread_does_not_as_the_forked_main_thread(mode, num_workers):
+    # A forked child's main thread is a copy of the loader's thread: a lone
+    # worker run there leaves what worker threads do not inherit (inference
+    # mode, carried as grad mode off; torch function modes; autocast).
+    enter = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode}[mode]
+    loader = ThreadDataLoader(_ThreadState(), batch_size=None, num_workers=num_workers, worker_processes=2,
+                              multiprocessing_context=FORK)
+    with enter(), torch.autocast("cpu"), _Marker():
+        got = list(loader)
+    assert [list(s) for s in got] == [[False, False, False, False]] * 4

@@ -18,9 +18,13 @@ import threading
 import time
 from typing import Any, Callable, Protocol
 
+import torch
+
+from .._platform import torch_compat as _torch_compat
 from ..engine.protocol import Job, WorkerConfig
 from ..engine.worker_loop import _Shared, _worker_main
 from ..stats.cpu import process_cpu_seconds
+from ..worker import inherit
 from ..worker.copies import retire, worker_parts
 from .counters import CPU
 from .readers import Readers
@@ -138,6 +142,23 @@ class InlineShared(_Shared):
             self.epoch_seeds[self.generation] = seed
 
 
+def _leave_what_threads_do_not_inherit() -> None:
+    """Drop what this thread holds of the thread that forked the child and a new worker thread would not.
+
+    A forked child's main thread is a copy of the loader's thread: its torch
+    function modes and autocast too, which worker threads do not inherit
+    (docs/differences.md). The child's main thread runs nothing else after.
+    """
+    while _torch_compat.top_function_mode() is not None:
+        _torch_compat.pop_function_mode()
+    for device in ("cpu", "cuda"):
+        try:
+            if torch.is_autocast_enabled(device):
+                torch.set_autocast_enabled(device, False)
+        except (RuntimeError, TypeError):  # pragma: no cover - a device type this torch does not know
+            pass
+
+
 def run_inline(cfg: WorkerConfig, worker_id: int, shared: InlineShared) -> None:
     """Run worker ``worker_id`` in this thread until the child is told to stop or orphaned.
 
@@ -152,9 +173,14 @@ def run_inline(cfg: WorkerConfig, worker_id: int, shared: InlineShared) -> None:
     # What the worker's thread would be called: collate functions and
     # __reduce__ methods see the same name as in a child of several workers.
     threading.current_thread().name = f"threadloader-worker-{worker_id}"
+    caller = inherit.capture()
+    _leave_what_threads_do_not_inherit()
     parts = worker_parts(cfg.dataset, cfg.init_fn, cfg.collate_fn)
     try:
-        _worker_main(shared, cfg, worker_id, parts)
+        # As a worker thread starts (ThreadPool): the caller's state set up
+        # by inherit, inference mode carried as grad mode off.
+        with torch.inference_mode(False):
+            inherit.run_inheriting(caller, _worker_main, shared, cfg, worker_id, parts)
         if shared.error is not None:
             raise shared.error
         # The worker loop ends for good where it swallowed SIGTERM's SystemExit (``stopping``).
