@@ -4,7 +4,9 @@ The child's main thread is its dispatcher: it reads jobs from the process's
 job queue and hands them to a :class:`threadloader.engine.thread_pool.ThreadPool`
 running that process's workers exactly as the thread engine runs them
 in-process (same worker info with global ids and ``num_workers``, seeds,
-``worker_init_fn``, error wrapping), and watches the loader's process. It
+``worker_init_fn``, error wrapping), and watches the loader's process. A
+child holding one worker runs it in its main thread instead (:mod:`.inline`),
+whose wait for a job does the dispatcher's reading. It
 polls ``multiprocessing.parent_process()``, whose sentinel is a pipe only the
 loader's process holds open (EOF when it dies, whatever the start method);
 where the loader's process is its direct parent (fork, spawn; not forkserver,
@@ -17,10 +19,10 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import functools
 import gc
 import multiprocessing
 import os
-import queue
 import signal
 import sys
 from typing import Any
@@ -36,7 +38,8 @@ from ..worker import context as _context
 from ..worker import info as worker
 from .arena import ChildArena
 from .counters import CPU, ArrayCounters
-from .wire import NEW_EPOCH, RELEASED, ParcelQueue
+from .inline import Dispatcher, InlineShared, run_inline
+from .wire import ParcelQueue
 
 __all__ = ["POLL_S", "child_main"]
 
@@ -63,6 +66,13 @@ def _ignore_sigint(signum: int, frame: Any) -> None:
 def _exit_on_sigterm(signum: int, frame: Any) -> None:
     # Raised in the child's main thread (the dispatcher): it unwinds through
     # its finally, which stops the threads, and the process exits cleanly.
+    raise SystemExit(0)
+
+
+def _stop_on_sigterm(shared: InlineShared, signum: int, frame: Any) -> None:
+    # As _exit_on_sigterm, for a worker run in this thread: it is stopping,
+    # so the SystemExit that unwinds the worker loop is no death of its worker.
+    shared.stopping = True
     raise SystemExit(0)
 
 
@@ -121,31 +131,25 @@ def child_main(
     worker.seed_process(cfg.base_seed, worker_ids[0])
     cfg = dataclasses.replace(cfg, owns_process=len(worker_ids) == 1)
     rows = {w: ArrayCounters(array, w) for w in worker_ids}
-    pool = ThreadPool(cfg, worker_ids, ParcelQueue(results), rows)
+    dispatcher = Dispatcher(jobs, arena, array, worker_ids[0], lambda: _loader_alive(direct_parent), POLL_S)
+    pool: ThreadPool | InlineShared
+    if cfg.owns_process:  # its one worker runs in this thread: no hand-off between threads per job
+        pool = InlineShared(worker_ids[0], ParcelQueue(results), rows, dispatcher)
+        signal.signal(signal.SIGTERM, functools.partial(_stop_on_sigterm, pool))
+    else:
+        pool = ThreadPool(cfg, worker_ids, ParcelQueue(results), rows)
     try:
-        while True:
-            # This process's CPU time, for the parent's GIL check (stats): fresh
-            # to within a job or POLL_S, against its windows of seconds.
-            array[worker_ids[0], CPU] = process_cpu_seconds()
-            try:
-                msg = jobs.get(timeout=POLL_S)
-            except queue.Empty:
-                if not _loader_alive(direct_parent):
-                    return  # orphaned (the loader's process was killed)
-                continue
-            if msg is None:
-                return
-            worker_id, job = msg
-            if worker_id == RELEASED:
-                arena.parent_released(*job)
-            elif worker_id == NEW_EPOCH:
-                pool.new_epoch(*job)
-            else:
-                pool.submit(worker_id, job)
+        if isinstance(pool, InlineShared):
+            run_inline(cfg, worker_ids[0], pool)
+        else:
+            while (got := dispatcher.next(pool)) is not None:
+                pool.submit(*got)
     finally:
         # Never wait to flush results nobody will read.
         results.cancel_join_thread()
-        pool.stop()
+        if not isinstance(pool, InlineShared):
+            pool.stop()
+        dispatcher.close()  # it writes to the counters, let go of below
         # The process ends in os._exit, where nothing is collected: under the
         # file_system sharing strategy a segment still mapped then stays in
         # /dev/shm until the loader's process exits. Let go of both.

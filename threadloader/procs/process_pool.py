@@ -11,13 +11,15 @@ process maps once per block (each child's :class:`~.mirror.Mirror`): a batch
 travels as its block's id, and the ids of the blocks the consumer let go of go
 back with the child's next job (:mod:`.wire`).
 
-In the parent, one receiver thread per child reads that child's result queue,
-pins the batch when the loader pins (off the consumer thread), and forwards it
+In the parent, when the loader pins, one receiver thread per child reads that
+child's result queue, pins the batch (off the consumer thread), and forwards it
 to the one result queue the consumer reads (:class:`_Inbox`, whose ``get``
 unpickles a payload the receiver did not: see :class:`~.wire.Parcel`), so the
 consumer cannot tell threads from processes. A receiver also notices its child
 dying and tells the consumer, which raises DataLoader's "exited unexpectedly"
-error instead of hanging.
+error instead of hanging. When nothing is pinned the consumer's ``get`` does
+the receivers' work itself (:class:`_DirectInbox`), as DataLoader's consumer
+reads its workers' queue: no thread hand-off per batch.
 
 Children never outlive the parent: they are daemonic (multiprocessing
 terminates them at exit), they stop when told, the parent terminates any that
@@ -36,6 +38,7 @@ import signal
 import threading
 import time
 import warnings
+import weakref
 from multiprocessing import connection as mp_connection
 from typing import Any
 
@@ -52,9 +55,14 @@ from ..engine.worker_loop import pin_task
 from .child import POLL_S, child_main
 from .counters import COLUMNS, CPU, ArrayCounters
 from .mirror import Mirror
-from .wire import NEW_EPOCH, RELEASED, Parcel, ReceiveError
+from .readers import Readers
+from .wire import NEW_EPOCH, RELEASED, Parcel, ReceiveError, job_message, received
 
 __all__ = ["ProcessPool", "check_worker_processes", "process_pool_factory"]
+
+#: When nothing is pinned, the consumer reads the children's result pipes itself
+#: (:class:`_DirectInbox`); False: receiver threads read them, as when pinning.
+DIRECT_READ = True
 
 #: How long a dead child's exit code may take to appear when another thread reaps it.
 EXIT_CODE_WAIT_S = 1.0
@@ -212,20 +220,120 @@ class _Inbox:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            message: Message = self._queue.get(block, remaining)
-            if type(message.payload) is not Parcel:
-                return message
-            opened = message.payload.open()
-            # As the receiver's check (_forward): a receive error from a worker
-            # that died is its death, which its receiver reports next.
-            dropped = isinstance(opened, ReceiveError) and _exited(self._by_worker[message.worker_id])
+            opened = self._opened(self._queue.get(block, remaining))
+            if opened is not None:
+                return opened
+
+    def _opened(self, message: Message) -> Message | None:
+        """``message`` with its payload opened; None: dropped, as its worker's death is reported next."""
+        if type(message.payload) is not Parcel:
+            return message
+        opened = message.payload.open()
+        # As the receiver's check (_forward): a receive error from a worker
+        # that died is its death, which its receiver reports next.
+        dropped = isinstance(opened, ReceiveError) and _exited(self._by_worker[message.worker_id])
+        try:
+            return None if dropped else message._replace(payload=opened)
+        finally:
+            # A receive error's traceback reaches this frame (f_back):
+            # holding it here would make a cycle, kept until a collection.
+            del opened
+
+    def drain(self, child: "_Child") -> None:
+        """Discard what ``child`` left in its result pipe (the pool stops; its receiver did that here)."""
+
+
+class _DirectInbox(_Inbox):
+    """The inbox when nothing is pinned: the consumer's ``get`` reads the children's result pipes itself.
+
+    No receiver thread stands between a child and the training loop, so a
+    batch reaches it without a hand-off between threads (as DataLoader's
+    consumer reads its workers' queue itself). Everything a receiver did
+    happens in ``get`` instead, with the receiver's own code
+    (:func:`_receive_one`): results go to the queue of :class:`_Inbox`, which
+    ``get`` then serves, deaths and a broken channel are noticed there, and
+    each child is polled for its death at least every ``POLL_S``.
+
+    Args:
+        by_worker: as for :class:`_Inbox`.
+        children: the pool's list of children (filled as they start).
+        pool: a weak reference to the pool (no reference cycle).
+    """
+
+    def __init__(self, by_worker: dict[int, "_Child"], children: list["_Child"], pool: Any) -> None:
+        super().__init__(by_worker)
+        self._children = children
+        self._pool = pool
+        #: Children whose pipe is read no more: dead, or their channel broke (reported).
+        self._done: set[int] = set()
+        self._checked = time.monotonic()
+        #: The result pipes of the children not done, once they started (filled by get).
+        self._readers = Readers()
+        self._watched: set[int] = set()
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Message:
+        """The next message, its payload opened (``queue.SimpleQueue.get``'s arguments and ``queue.Empty``)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            pool = self._pool()
+            live = [] if pool is None or pool.stopping else [c for c in self._children if c.index not in self._done]
+            if not live:  # nothing is read any more (stopping, or every child reported gone): what is queued
+                del pool
+                return super().get(block, None if deadline is None else max(0.0, deadline - time.monotonic()))
             try:
-                if not dropped:
-                    return message._replace(payload=opened)
-            finally:
-                # A receive error's traceback reaches this frame (f_back):
-                # holding it here would make a cycle, kept until a collection.
-                del opened
+                message = self._queue.get_nowait()
+            except queue.Empty:
+                self._read(pool, live, deadline if block else time.monotonic())
+            else:
+                opened = self._opened(message)
+                if opened is not None:
+                    return opened
+                continue
+            del pool
+            if self._queue.empty() and (not block or (deadline is not None and time.monotonic() >= deadline)):
+                raise queue.Empty
+
+    def _read(self, pool: "ProcessPool", live: list["_Child"], deadline: float | None) -> None:
+        """Wait, until ``deadline`` and at most ``POLL_S``, for results; queue one from each child that sent some."""
+        for child in live:
+            if child.index not in self._watched:
+                self._watched.add(child.index)
+                self._readers.add(child.results._reader)  # multiprocessing.Queue's end (not public API)
+        wait_s = POLL_S if deadline is None else min(POLL_S, max(0.0, deadline - time.monotonic()))
+        try:
+            ready = self._readers.wait(wait_s)
+        except (OSError, ValueError):  # a pipe closed by stop() in another thread: get sees it stopping
+            return
+        for child in live:
+            # This thread alone reads its pipe: a whole message is there, or an end of file.
+            if child.results._reader in ready and not _receive_one(pool, child, child.process.pid, None):
+                self._retire(child)
+        now = time.monotonic()
+        if ready and now - self._checked < POLL_S:
+            return
+        # As an idle receiver does every POLL_S: a child that died is reported
+        # once its pipe is empty (a grandchild may hold that pipe open).
+        self._checked = now
+        for child in live:
+            if child.index not in self._done and not _receive_one(pool, child, child.process.pid, 0.0):
+                self._retire(child)
+
+    def _retire(self, child: "_Child") -> None:
+        """Read ``child``'s pipe no more (its death or broken channel was reported)."""
+        self._done.add(child.index)
+        self._readers.remove(child.results._reader)
+
+    def drain(self, child: "_Child") -> None:
+        """Discard what ``child`` left in its result pipe, never waiting for the rest of a cut message."""
+        reader = child.results._reader
+        try:
+            os.set_blocking(reader.fileno(), False)
+            while True:
+                payload = received(child.results.get(block=False)).payload
+                if type(payload) is Parcel:
+                    payload.discard()
+        except Exception:  # noqa: BLE001 - empty, a cut message, a closed pipe: nothing more to read
+            pass
 
 
 class ProcessPool:
@@ -269,6 +377,8 @@ class ProcessPool:
         # ask for it when that thread is the main thread (its end is the process's).
         death_signal = threading.current_thread() is threading.main_thread()
         self._children: list[_Child] = []
+        if DIRECT_READ and not cfg.pin:  # nothing to pin: the consumer reads the children's pipes itself
+            self.results = _DirectInbox(self._by_worker, self._children, weakref.ref(self))
 
         def start_child(p: int) -> _Child:
             # One child at a time across pools: another pool's fork must not
@@ -300,7 +410,7 @@ class ProcessPool:
             # A context, or torch.multiprocessing (the default context's method, set by the starts above).
             if self._ctx.get_start_method() == "fork":
                 self._fork_again_where_hung(array, start_child)
-            for child in self._children:
+            for child in self._children if type(self.results) is not _DirectInbox else ():
                 child.receiver = threading.Thread(
                     target=_receive, args=(self, child), name=f"threadloader-receiver-{child.index}", daemon=True
                 )
@@ -362,7 +472,7 @@ class ProcessPool:
         released = child.mirror.take_released()
         if released is not None:  # the batch buffers the consumer let go of: the child may reuse them
             child.jobs.put((RELEASED, released))
-        child.jobs.put((worker_id, job))
+        child.jobs.put(job_message(worker_id, job))
 
     def new_epoch(self, generation: int | None = None, seed: int | None = None) -> None:
         """Start a new generation: results of older ones are stale from now on.
@@ -451,7 +561,9 @@ class ProcessPool:
             child.mirror.close()
             if child.receiver is current:  # stopped from its own receiver (GC there): it exits next
                 continue
-            if child.receiver is not None:
+            if child.receiver is None and child.process is not None:
+                self.results.drain(child)  # what no receiver read (the consumer reads the pipes itself)
+            elif child.receiver is not None:
                 # It stops within POLL_S of its last result. One still blocked
                 # (a result pipe's write end held by a process forked outside
                 # threadloader: see _fork) is left, a daemon, with its queue open:
@@ -497,10 +609,17 @@ def _receive(pool: ProcessPool, child: _Child) -> None:
         pass
 
 
-def _receive_one(pool: ProcessPool, child: _Child, pid: int) -> bool:
-    """Forward one result (a function so that an idle receiver holds no batch). False: stop."""
+def _receive_one(pool: ProcessPool, child: _Child, pid: int, timeout: float | None = POLL_S) -> bool:
+    """Forward one result, waiting up to ``timeout`` for it (a function so that an idle receiver holds no batch).
+
+    Args:
+        timeout: None when the pipe is known to hold data (read without a wait).
+
+    Returns:
+        False: read this child no more (its death or a broken channel was reported, or the pool stops).
+    """
     try:
-        msg = Message._make(child.results.get(timeout=POLL_S))
+        msg = received(child.results.get(timeout=timeout))
     except queue.Empty:
         if pool.stopping:
             return False
@@ -547,7 +666,7 @@ def _forward(pool: ProcessPool, child: _Child, pid: int, msg: Message) -> bool:
         if not isinstance(batch, ExceptionWrapper):
             batch = pin_task(batch, pool._pin_device, pool.counters[msg.worker_id], msg.worker_id)
         payload = payload._replace(payload=batch) if stated else batch
-    pool.results.put(msg._replace(payload=payload))
+    pool.results.put(msg if payload is msg.payload else msg._replace(payload=payload))
     return True
 
 

@@ -10,6 +10,10 @@ exception that ended a worker thread as a :class:`Death` (whose message must
 arrive whatever the exception holds). Tensors travel as shared-memory handles
 (torch's reductions in ``ForkingPickler``), batches in the child's arena of
 reused buffers by block id (:mod:`.arena`).
+
+Both ways a message is plain tuples and ints (:func:`job_message`,
+:func:`received`): a named tuple, an enum member or a class of ours pickles as
+a reference the other side looks up and calls, microseconds per task.
 """
 
 from __future__ import annotations
@@ -22,20 +26,46 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from .._platform.torch_compat import ExceptionWrapper
-from ..engine.protocol import Kind
+from ..engine.protocol import Job, Kind, Message
 from ..worker import context as _context
 from .arena import forking_dumps as _dumps
 from .mirror import discard as arena_discard
 from .mirror import loads as arena_loads
 
 __all__ = ["NEW_EPOCH", "TOO_MANY_OPEN_FILES", "Death", "Parcel", "ParcelQueue", "ReceiveError",
-           "WorkerExitStandIn", "out_of_fds"]
+           "WorkerExitStandIn", "job_message", "job_of", "out_of_fds", "received"]
 
 #: Control messages on a child's job queue (besides ``(worker_id, job)`` and
 #: None): ``(NEW_EPOCH, generation)``; ``(RELEASED, (block ids, forked ids))``,
 #: arena blocks the loader's process let go of (``Mirror.take_released``).
 NEW_EPOCH = -1
 RELEASED = -2
+
+#: A result's kind as it travels (its value) -> the :class:`Kind` it stands for.
+_KINDS = {int(kind): kind for kind in Kind}
+_DATA = int(Kind.DATA)
+
+
+def job_message(worker_id: int, job: Job) -> tuple[int, tuple[int, int, Any]]:
+    """How ``job`` for ``worker_id`` travels on a child's job queue (:func:`job_of` reads it there)."""
+    return worker_id, tuple(job)  # type: ignore[return-value]
+
+
+def job_of(sent: tuple[int, int, Any]) -> Job:
+    """The :class:`Job` a job message carried (in the child)."""
+    return Job._make(sent)
+
+
+def received(sent: tuple[int, int, int, int, Any]) -> Message:
+    """The :class:`Message` a child's :class:`ParcelQueue` sent (in the parent), a data payload as its :class:`Parcel`.
+
+    Raises:
+        Exception: not a message a child sends (the channel is broken).
+    """
+    kind, gen, idx, worker_id, payload = sent
+    if kind == _DATA:
+        payload = Parcel(*payload)
+    return Message(_KINDS[kind], gen, idx, worker_id, payload)
 
 
 class Parcel:
@@ -64,15 +94,20 @@ class Parcel:
         self.refs = refs  # how to rebuild the arena tensors it references (see .arena.loads), or None
 
     @classmethod
-    def seal(cls, payload: Any, worker_id: int) -> "Parcel":
-        """Pickle ``payload`` (in a child process); one that does not pickle becomes its task's error."""
+    def seal(cls, payload: Any, worker_id: int, pid: int | None = None) -> "Parcel":
+        """Pickle ``payload`` (in a child process); one that does not pickle becomes its task's error.
+
+        Args:
+            pid: this process's id (asked of the system when None).
+        """
+        pid = os.getpid() if pid is None else pid
         arena = _context.child_arena()
         try:
             data, refs = arena.dumps(payload) if arena is not None else (_dumps(payload), None)
         except Exception:  # noqa: BLE001 - unpicklable result: its task fails instead of never arriving
-            where = f"in DataLoader worker thread {worker_id} (sending its result from process {os.getpid()})"
+            where = f"in DataLoader worker thread {worker_id} (sending its result from process {pid})"
             data, refs = _dumps(ExceptionWrapper(where=where)), None
-        return cls(data, os.getpid(), refs)
+        return cls(data, pid, refs)
 
     def __reduce__(self) -> tuple[type, tuple[bytes, int, Any]]:
         return Parcel, (self.data, self.pid, self.refs)
@@ -212,10 +247,11 @@ class ParcelQueue:
     """The child's result queue as its worker threads see it: data payloads travel as :class:`Parcel`,
     the exceptions that end worker threads as :class:`Death`."""
 
-    __slots__ = ("_queue", "_order")
+    __slots__ = ("_queue", "_order", "_pid")
 
     def __init__(self, results: Any) -> None:
         self._queue = results
+        self._pid = os.getpid()  # made in the child that sends: asked once, not per result
         # Results are sealed (pickled) and queued in one order: the first
         # result to name an arena block carries its storage, and a later one
         # naming it by id alone must not overtake it (nor one that failed to
@@ -229,6 +265,7 @@ class ParcelQueue:
             payload = Death(payload)
         elif kind == Kind.DATA:
             with self._order:
-                self._queue.put((kind, gen, idx, worker_id, Parcel.seal(payload, worker_id)))
+                parcel = Parcel.seal(payload, worker_id, self._pid)
+                self._queue.put((_DATA, gen, idx, worker_id, (parcel.data, parcel.pid, parcel.refs)))
             return
-        self._queue.put((kind, gen, idx, worker_id, payload))
+        self._queue.put((int(kind), gen, idx, worker_id, payload))
