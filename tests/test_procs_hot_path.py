@@ -18,13 +18,15 @@ from multiprocessing.reduction import ForkingPickler
 import pytest
 import test_procs
 import torch
-from helpers import Slow, Squares, to_list
-from test_procs import FORK, _warm_up, no_leaks  # noqa: F401 - fixtures
+from helpers import Slow, Squares, to_list, wait_until
+from test_procs import FORK
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from threadloader import ThreadDataLoader
 from threadloader.engine.protocol import Job, Kind, Message
 from threadloader.procs import process_pool, readers, wire
+
+pytestmark = pytest.mark.usefixtures("no_leaks")
 
 
 class _WhereItRuns(Dataset):
@@ -147,7 +149,7 @@ def test_a_child_told_to_stop_by_sigterm_mid_task_exits_as_a_crash_not_a_worker_
                                multiprocessing_context=FORK, timeout=20))
     pool = it._pool
     pids = pool.pids
-    assert test_procs._wait(lambda: pool.counters[0].busy, timeout=20)  # in its first task's sleep
+    assert wait_until(lambda: pool.counters[0].busy, timeout=20)  # in its first task's sleep
     os.kill(pids[0], signal.SIGTERM)
     with pytest.raises(RuntimeError, match=rf"^DataLoader worker \(pid\(s\) {pids[0]}\) exited unexpectedly$") as info:
         next(it)
