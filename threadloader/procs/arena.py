@@ -361,6 +361,9 @@ class ChildArena(BufferPool):
             self._by_id.clear()
             self._by_addr.clear()
             self._addrs.clear()
+            # Every thread's slab: a worker run in the child's main thread
+            # (its lone worker) never ends, and would keep its slab's block.
+            self._local = threading.local()
 
     def dumps(self, obj: Any) -> tuple[bytes, tuple[Any, ...] | None]:
         """Pickle ``obj`` as ``ForkingPickler`` does, but its tensors in this arena as references.
