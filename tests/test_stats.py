@@ -15,6 +15,7 @@ from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from threadloader import ThreadDataLoader, stats
 from threadloader.procs import child as procs_child
+from threadloader.procs import inline as procs_inline
 from threadloader.stats import GIL_CHECK_INTERVAL_S
 
 #: The GIL check's interval in these tests: half the library's, so that the few
@@ -78,6 +79,15 @@ def one_core():
     Faked so that the verdict does not depend on how loaded the test machine is.
     """
     return time.perf_counter()
+
+
+def children_use_one_core(monkeypatch) -> None:
+    """Each worker process (forked: it inherits the fake) samples its CPU time as one core's worth.
+
+    The child samples it at its start and then in its dispatcher's wait, in two modules.
+    """
+    monkeypatch.setattr(procs_child, "process_cpu_seconds", one_core)
+    monkeypatch.setattr(procs_inline, "process_cpu_seconds", one_core)
 
 
 def only_this_process_busy(cpus=None):
@@ -148,7 +158,7 @@ def test_warns_once_when_workers_are_gil_bound(monkeypatch):
 @needs_two_cores
 def test_the_default_moves_gil_bound_workers_into_processes_instead_of_warning(monkeypatch):
     # The figures that warn with threads for good; the children (forked) inherit the faked clock.
-    monkeypatch.setattr(procs_child, "process_cpu_seconds", one_core)
+    children_use_one_core(monkeypatch)
     gil = gil_warnings(monkeypatch, only_this_process_busy, worker_processes=None, multiprocessing_context="fork")
     assert gil == []
     loader_stats = gil_warnings.loader.stats()
@@ -201,7 +211,7 @@ def test_warns_when_the_threads_of_worker_processes_are_gil_bound(monkeypatch, n
     # was silent for every worker_processes loader. The children (forked)
     # inherit the faked CPU clock: each uses one core's worth.
     monkeypatch.setattr(sys, "_is_gil_enabled", lambda: True, raising=False)  # simulated on a free-threaded build too
-    monkeypatch.setattr(procs_child, "process_cpu_seconds", one_core)
+    children_use_one_core(monkeypatch)
     monkeypatch.setattr(stats.cpu, "system_cpu_seconds", only_this_process_busy)
     loader = ThreadDataLoader(PythonLoop(100_000), batch_size=4, num_workers=num_workers,
                               worker_processes=worker_processes, multiprocessing_context="fork")
@@ -233,7 +243,7 @@ def test_no_gil_warning_when_one_thread_of_a_worker_process_does_all_the_work(mo
     # One busy thread on one core (the child's clock says one core) is no sign
     # of the GIL: the other thread idles. Its average share (0.5) warned.
     monkeypatch.setattr(sys, "_is_gil_enabled", lambda: True, raising=False)
-    monkeypatch.setattr(procs_child, "process_cpu_seconds", one_core)
+    children_use_one_core(monkeypatch)
     monkeypatch.setattr(stats.cpu, "system_cpu_seconds", only_this_process_busy)
     loader = ThreadDataLoader(OneBusyWorker(), batch_size=4, num_workers=2, worker_processes=1,
                               multiprocessing_context="fork")
@@ -465,7 +475,7 @@ def _held_back_run(monkeypatch, gil_wait_s: float) -> ThreadDataLoader:
     monkeypatch.setattr(stats.cpu, "usable_cpus", lambda: list(range(16)))
     monkeypatch.setattr(stats.cpu, "process_cpu_seconds", lambda: 2 * time.perf_counter())
     monkeypatch.setattr(stats.cpu, "system_cpu_seconds", lambda cpus=None: (2 * time.perf_counter(), time.perf_counter()))
-    monkeypatch.setattr(procs_child, "process_cpu_seconds", one_core)
+    children_use_one_core(monkeypatch)
     monkeypatch.setattr(stats.gil, "gil_wait", lambda probes=3: gil_wait_s)
     loader = ThreadDataLoader(PythonLoop(100_000), batch_size=4, num_workers=4, multiprocessing_context="fork")
     with warnings.catch_warnings():
