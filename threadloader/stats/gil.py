@@ -98,12 +98,17 @@ def gil_bound(util: float, cores: float, min_util: float = 0.6) -> bool:
 
 #: The share of the cores the workers could use below which busy worker
 #: threads count as held back (:func:`held_back`).
-HELD_BACK_SHARE = 0.6
+HELD_BACK_SHARE = 0.7
 
 #: How long the consumer waits to take the GIL back, after giving it up for
 #: a moment, before the GIL counts as contended: busy threads hold it (up to
 #: a switch interval each); threads that wait for I/O do not.
-CONTENDED_WAIT_S = 1e-3
+CONTENDED_WAIT_S = 1e-4
+
+
+#: A call that gives the GIL up for a moment and returns at once (``sched_yield``; ``sleep(0)``
+#: sleeps out the timer slack, tens of microseconds, where there is no ``sched_yield``).
+_GIVE_GIL_UP = getattr(os, "sched_yield", lambda: time.sleep(0))
 
 
 def gil_wait(probes: int = 3) -> float:
@@ -111,7 +116,7 @@ def gil_wait(probes: int = 3) -> float:
     waits = []
     for _ in range(probes):
         t0 = time.perf_counter()
-        time.sleep(0)  # gives the GIL up: a thread that wants it takes it
+        _GIVE_GIL_UP()  # a thread that wants the GIL takes it now
         waits.append(time.perf_counter() - t0)
     return statistics.median(waits)
 
@@ -122,10 +127,12 @@ def held_back(before: Sample, after: Sample, window: float, *, num_workers: int,
     On many cores, threads whose work holds the GIL part of the time use
     several cores but far fewer than they could. They count as held back
     when they are busy, the training loop waits for data, they use less than
-    :data:`HELD_BACK_SHARE` of the cores they could use, a core stands idle,
-    and the GIL is contended (:func:`gil_wait`, read last: it costs the
-    caller up to a few switch intervals). On two cores this adds nothing to
-    :func:`verdict`.
+    :data:`HELD_BACK_SHARE` of the cores they could use, at least
+    :data:`FREE_CORE_THRESHOLD` of a core stands idle, and the GIL is
+    contended (:func:`gil_wait`, read last: it costs the caller up to a few
+    switch intervals). On two cores it also catches threads that use a
+    little more than one core: the GIL-bound share of their work keeps the
+    second one mostly idle.
 
     Returns:
         Why, in one line, or None.
@@ -138,7 +145,7 @@ def held_back(before: Sample, after: Sample, window: float, *, num_workers: int,
         return None
     if before.system is not None and after.system is not None and after.system[1] > before.system[1]:
         free = usable_cores - (after.system[0] - before.system[0]) / (after.system[1] - before.system[1])
-        if free < 1.0:
+        if free < FREE_CORE_THRESHOLD:
             return None
     wait = gil_wait()
     if wait < CONTENDED_WAIT_S:
