@@ -139,7 +139,8 @@ def held_back(before: Sample, after: Sample, window: float, *, num_workers: int,
     """
     util = (after.fetch - before.fetch) / (window * num_workers)
     cores = (after.cpu - before.cpu) / window
-    if (after.wait - before.wait) / window < 0.25 or util < 0.6:
+    # Busy from 0.4: GIL-bound threads also wait for it outside their fetch (posting, collating).
+    if (after.wait - before.wait) / window < 0.25 or util < 0.4:
         return None
     if not 0.5 <= cores <= HELD_BACK_SHARE * min(num_workers, usable_cores):
         return None
