@@ -172,6 +172,10 @@ class WorkerConfig:
     #: run again. None: the workers start afresh.
     handoffs: Mapping[int, Any] | None = None
 
+    def handoff(self, worker_id: int) -> Any:
+        """Worker ``worker_id``'s handoff (see ``handoffs``), or None: it starts afresh."""
+        return self.handoffs.get(worker_id) if self.handoffs is not None else None
+
 
 class ResultQueue(Protocol):
     """Where a pool's messages wait for the consumer (``queue.SimpleQueue.get``'s arguments and ``queue.Empty``)."""

@@ -33,7 +33,7 @@ JOIN_BUDGET_S = 1.0
 
 def parts_for(cfg: WorkerConfig, worker_id: int) -> WorkerParts:
     """Worker ``worker_id``'s copies of the dataset and hooks: new ones, or those it had if it was handed over."""
-    handoff = cfg.handoffs.get(worker_id) if cfg.handoffs is not None else None
+    handoff = cfg.handoff(worker_id)
     if handoff is not None:
         return handoff.parts
     return worker_parts(cfg.dataset, cfg.init_fn, cfg.collate_fn)

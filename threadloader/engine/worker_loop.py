@@ -120,7 +120,7 @@ def _worker_main(shared: _Shared, cfg: WorkerConfig, worker_id: int, parts: Work
         if cfg.pin and cfg.device_index is not None:
             torch.accelerator.set_device_index(cfg.device_index)
         cfg = dataclasses.replace(cfg, dataset=parts.dataset, init_fn=parts.init_fn, collate_fn=parts.collate_fn)
-        handoff = cfg.handoffs.get(worker_id) if cfg.handoffs is not None else None
+        handoff = cfg.handoff(worker_id)
         if cfg.shared_seed is not None and handoff is None:
             # Before worker info and worker_init_fn, as in DataLoader's worker loop.
             seed_graph(cfg.dataset, cfg.shared_seed)

@@ -121,6 +121,13 @@ def gil_wait(probes: int = 3) -> float:
     return statistics.median(waits)
 
 
+def _free_cores(before: Sample, after: Sample, usable_cores: int) -> float | None:
+    """Cores that stood idle, on average, between two samples; None where the machine's CPU use is unknown."""
+    if before.system is None or after.system is None or after.system[1] <= before.system[1]:
+        return None
+    return usable_cores - (after.system[0] - before.system[0]) / (after.system[1] - before.system[1])
+
+
 def held_back(before: Sample, after: Sample, window: float, *, num_workers: int, usable_cores: int) -> str | None:
     """A wider test than :func:`verdict`, for a pool that may move its workers: threads the GIL holds back.
 
@@ -144,10 +151,9 @@ def held_back(before: Sample, after: Sample, window: float, *, num_workers: int,
         return None
     if not 0.5 <= cores <= HELD_BACK_SHARE * min(num_workers, usable_cores):
         return None
-    if before.system is not None and after.system is not None and after.system[1] > before.system[1]:
-        free = usable_cores - (after.system[0] - before.system[0]) / (after.system[1] - before.system[1])
-        if free < FREE_CORE_THRESHOLD:
-            return None
+    free = _free_cores(before, after, usable_cores)
+    if free is not None and free < FREE_CORE_THRESHOLD:
+        return None
     wait = gil_wait()
     if wait < CONTENDED_WAIT_S:
         return None
@@ -195,8 +201,8 @@ def verdict(before: Sample, after: Sample, window: float, *, num_workers: int, u
         workers_here: the workers are threads of this process (else of children).
         group_sizes: the workers of each child process, in the samples' order.
     """
-    fetch0, cpu0, wait0, sys0, children0, _ = before
-    fetch1, cpu1, wait1, sys1, children1, _ = after
+    fetch0, cpu0, wait0, _, children0, _ = before
+    fetch1, cpu1, wait1, _, children1, _ = after
     if (wait1 - wait0) / window < 0.25:  # the training loop rarely waits: the loader is not the bottleneck
         return None
     if workers_here:
@@ -224,8 +230,8 @@ def verdict(before: Sample, after: Sample, window: float, *, num_workers: int, u
         fields = dict(workers=num_workers, processes=len(group_sizes), procs=len(bound),
                       threads=max(b[2] for b in bound))
     free_text = ""
-    if sys0 is not None and sys1 is not None and sys1[1] > sys0[1]:
-        free = usable_cores - (sys1[0] - sys0[0]) / (sys1[1] - sys0[1])
+    free = _free_cores(before, after, usable_cores)
+    if free is not None:
         if free < FREE_CORE_THRESHOLD:
             return None  # the machine is full: the threads wait for a core, not for the GIL
         where = "usable" if narrowed else "machine's"
