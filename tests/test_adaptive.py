@@ -14,6 +14,7 @@ import multiprocessing
 import os
 import random
 import sys
+import threading
 import warnings
 
 import numpy as np
@@ -301,9 +302,51 @@ def test_workers_that_started_threads_of_their_own_stay_threads():
     got = [to_list(next(it)) for _ in range(2)]
     assert not it._pool.move()
     got += to_list(it)
-    assert loader.stats().mode == ("threads (adaptive: stays on threads, threads started since the workers began "
+    assert loader.stats().mode == ("threads (adaptive: stays on threads, threads the workers started "
                                    "(prefetch-0_0, prefetch-1_0) would be missing in a worker process)")
     assert len(got) == len(expected)
+
+
+def test_threads_that_a_worker_thread_s_thread_starts_also_keep_the_workers_threads():
+    def init(worker_id):
+        def spawn_grandchild():
+            threading.Thread(target=stop.wait, name=f"grandchild-{worker_id}", daemon=True).start()
+
+        child = threading.Thread(target=spawn_grandchild, name=f"child-{worker_id}")
+        child.start()
+        child.join()  # the thread between has ended: the grandchild is still traced to the worker
+
+    stop = threading.Event()
+    loader = ThreadDataLoader(Augmented(16), batch_size=4, num_workers=2, worker_init_fn=init,
+                              multiprocessing_context=FORK)
+    try:
+        it = iter(loader)
+        next(it)
+        assert not it._pool.move()
+        assert loader.stats().mode == ("threads (adaptive: stays on threads, threads the workers started "
+                                       "(grandchild-0, grandchild-1) would be missing in a worker process)")
+        assert len(to_list(it)) == 3
+    finally:
+        stop.set()
+
+
+def test_threads_the_training_loop_starts_mid_epoch_do_not_keep_the_workers_threads():
+    # A logger or a checkpoint writer starts threads the workers never use.
+    kwargs = dict(batch_size=4, shuffle=True, num_workers=2)
+    expected = _oracle(Augmented(40), **kwargs)
+    stop = threading.Event()
+    torch.manual_seed(0)
+    loader = ThreadDataLoader(Augmented(40), multiprocessing_context=FORK, **kwargs)
+    try:
+        it = iter(loader)
+        got = [to_list(next(it))]
+        threading.Thread(target=stop.wait, name="logger", daemon=True).start()
+        assert it._pool.move()
+        got += [to_list(batch) for batch in it]
+    finally:
+        stop.set()
+    assert got == expected
+    assert loader.stats().mode.startswith("processes (adaptive: moved")
 
 
 def test_without_a_gil_the_default_stays_on_threads(monkeypatch):

@@ -723,13 +723,16 @@ CHILD = textwrap.dedent(
                               persistent_workers=True, multiprocessing_context={context!r})
     it = iter(loader)
     next(it)
+    if {mode!r} == "loop":
+        # Armed before the pids go out: a Ctrl-C that lands inside an import's
+        # weakref callback is swallowed by Python, and the loop would never end.
+        import faulthandler
+        faulthandler.dump_traceback_later(25, exit=True)  # a hang shows where each thread is
     try:  # the parent may interrupt as soon as it has read the pids
         print(" ".join(map(str, it._pool.pids)), flush=True)
         if {mode!r} == "sleep":
             time.sleep(60)
         elif {mode!r} == "loop":
-            import faulthandler
-            faulthandler.dump_traceback_later(25, exit=True)  # a hang shows where each thread is
             for _ in it:
                 pass
     except KeyboardInterrupt:

@@ -27,9 +27,9 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-import weakref
 from typing import Any, Callable
 
+from .._platform import thread_origin
 from ..engine.protocol import PARK_TASK, STOPPED_MESSAGE, Job, Kind, Message, Mode, ModeReport, Pool, WorkerConfig
 from ..engine.thread_pool import ThreadPool
 from ..stats.gil import GilBound
@@ -55,8 +55,7 @@ class AdaptivePool:
         self._cfg = cfg
         self._report = report
         self._start_processes = start_processes
-        # Thread objects, not idents: a new thread may get the ident of one that ended since.
-        self._threads_before: weakref.WeakSet[threading.Thread] = weakref.WeakSet(threading.enumerate())
+        thread_origin.watch()  # before the workers start: the threads they start are told apart
         self._threads = ThreadPool(cfg, list(range(cfg.num_workers)))
         self._current: Pool = self._threads
         #: The workers' counters by id; the processes' replace them here when the workers move.
@@ -148,12 +147,12 @@ class AdaptivePool:
         with self._lock:
             if self._stopped or self._held is not None or self._current is not self._threads:
                 return self._held is not None
-            if not all(thread.is_alive() for thread in self._threads.workers):
+            if not all(thread.is_alive() for thread in self._threads.threads):
                 self._give_up("a worker thread had died")
                 return False
-            strangers = self._threads_started_since()
+            strangers = self._threads_started_by_workers()
             if strangers:
-                self._give_up(f"threads started since the workers began ({', '.join(strangers)}) would be "
+                self._give_up(f"threads the workers started ({', '.join(strangers)}) would be "
                               "missing in a worker process")
                 return False
             self._held = {w: self._threads.take_queued(w) for w in range(self._cfg.num_workers)}
@@ -161,16 +160,16 @@ class AdaptivePool:
                 self._threads.submit(w, Job(PARK_TASK, self._threads.generation, None))
             return True
 
-    def _threads_started_since(self) -> list[str]:
-        """Python threads started since this pool began, but threadloader's own: a worker's, perhaps.
+    def _threads_started_by_workers(self) -> list[str]:
+        """The live Python threads that the worker threads started (threadloader's own aside).
 
         A dataset or ``worker_init_fn`` may start threads (an executor, a
         prefetcher); in a forked process they would be gone and the worker
-        would wait on them for ever. Threads the training loop starts
-        meanwhile look the same: the workers stay threads then too.
+        would wait on them for ever. Threads the training loop starts do not
+        matter to the workers.
         """
-        return sorted(t.name for t in threading.enumerate()
-                      if t not in self._threads_before and not t.name.startswith("threadloader-"))
+        return sorted(t.name for t in thread_origin.started_within(self._threads.threads)
+                      if not t.name.startswith("threadloader-"))
 
     def get(self, block: bool = True, timeout: float | None = None) -> Message:
         """The next message for the consumer (``queue.SimpleQueue.get``'s arguments and ``queue.Empty``).

@@ -190,6 +190,11 @@ class ThreadPool:
         """Process-like views of the worker threads, in worker order."""
         return [WorkerThreadView(t) for t in self._threads]
 
+    @property
+    def threads(self) -> list[threading.Thread]:
+        """The worker threads themselves, in worker order."""
+        return list(self._threads)
+
     def stop(self) -> None:
         """Stop and join the threads (idempotent), dropping undelivered results."""
         _stop_threads(self._shared, self._threads)
