@@ -4,5 +4,6 @@
   (version shims only);
 * :mod:`.fork` -- what must be renewed or hidden in a forked child (locks,
   private file descriptors);
-* :mod:`.interpreter` -- the interpreter's build (free-threaded or not, GIL on or off).
+* :mod:`.interpreter` -- the interpreter's build (free-threaded or not, GIL on or off);
+* :mod:`.thread_origin` -- which thread started each Python thread.
 """
