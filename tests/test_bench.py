@@ -405,8 +405,9 @@ def test_rows_report_cores_and_page_faults_per_timed_image(monkeypatch) -> None:
     assert row["faults/img"] is None and row["cores"] is None
 
 
-def test_native_frame_calls_do_the_frame_paths_work(small_root, monkeypatch) -> None:
-    """The native loop decodes every file at decode_image's scale and resizes it (not a no-op)."""
+def test_native_frame_calls_do_the_python_paths_work(small_root, monkeypatch) -> None:
+    """The Python path's native loop decodes every file at decode_image's scale and resizes it (not a no-op)."""
+    from threadloader.images import decode
     from threadloader.io import decode_image
 
     files = [str(f) for f in data.image_files(small_root) if f.suffix.lower() in (".jpg", ".jpeg")][:3]
@@ -417,10 +418,36 @@ def test_native_frame_calls_do_the_frame_paths_work(small_root, monkeypatch) -> 
         seen.append(arr.shape[2:])  # (1, C, H, W): the decoded image handed to the resize
         return real(arr)
 
+    monkeypatch.setattr(decode, "_native_load", None)
+    assert python_time.native_calls_label().startswith("file read, simplejpeg decode")
+    expected = [decode_image(f, size=(32, 32))._state[0].shape[:2] for f in files]
     monkeypatch.setattr(torch, "from_numpy", spy)
     assert python_time._native_frame_calls(files, (32, 32), 2) > 0
     monkeypatch.undo()
-    assert seen == [decode_image(f, size=(32, 32))._state[0].shape[:2] for f in files]
+    assert seen == expected
+
+
+@pytest.mark.parametrize("few_cores", [True, False])
+def test_native_frame_calls_do_the_c_parts_work(small_root, monkeypatch, few_cores) -> None:
+    """With the C part: each file read and decoded by it, each batch resized as frame_collate would."""
+    from threadloader.images import decode, frames
+    from threadloader.io import decode_image
+
+    if decode._native_load is None:
+        pytest.skip("threadloader.images._native not built or turned off")
+    files = [str(f) for f in data.image_files(small_root) if f.suffix.lower() in (".jpg", ".jpeg")][:3]
+    expected = [decode_image(f, size=(32, 32))._state[0].shape[:2] for f in files]
+    loads, resized = [], []
+    real_load, real_resize = decode._native_load, frames._native_resize
+    monkeypatch.setattr(decode, "_native_load", lambda *a: loads.append(a[0]) or real_load(*a))
+    monkeypatch.setattr(frames, "_native_resize", lambda s, *a: resized.extend(x.shape[:2] for x in s) or
+                        real_resize(s, *a))
+    monkeypatch.setattr(frames, "_few_cores", few_cores)
+    monkeypatch.setattr(frames, "_LARGE_SOURCE_PIXELS", 0)  # every source is large
+    assert python_time.native_calls_label().startswith("threadloader's C part")
+    assert python_time._native_frame_calls(files, (32, 32), 2) > 0
+    assert loads == files
+    assert resized == ([] if few_cores else expected)
 
 
 def test_kernel_bound_rows_are_measured_per_process_count() -> None:

@@ -700,6 +700,26 @@ def test_collate_resizes_a_batch_in_one_native_call(monkeypatch) -> None:
 
 
 @needs_native_resize
+@pytest.mark.parametrize("few_cores", [True, False])
+def test_large_sources_go_to_torch_s_kernel_only_on_a_machine_of_few_cores(monkeypatch, few_cores) -> None:
+    """Few cores: torch's kernel costs less CPU per large image. Many: one GIL release per batch wins."""
+    rng = np.random.default_rng(5)
+    side = int(_frames_module._LARGE_SOURCE_PIXELS ** 0.5) + 1
+    arrays = [rng.integers(0, 256, (side, side + 3, 3), dtype=np.uint8) for _ in range(2)]
+    calls = []
+    real = _frames_module._native_resize
+    monkeypatch.setattr(_frames_module, "_native_resize", lambda *a: calls.append(a) or real(*a))
+    monkeypatch.setattr(_frames_module, "_few_cores", few_cores)
+    batch = frame_collate([_deferred(a, (24, 32)) for a in arrays])
+    assert len(calls) == (0 if few_cores else 1)
+    for got, arr in zip(batch, arrays):
+        assert np.array_equal(got.permute(1, 2, 0).numpy(), _torch_resize(arr, (24, 32)))
+    calls.clear()
+    frame_collate([_deferred(a[:100, :100], (24, 32)) for a in arrays])  # small sources: native anywhere
+    assert len(calls) == 1
+
+
+@needs_native_resize
 def test_a_frame_the_native_resize_does_not_take_is_resized_by_torch() -> None:
     """A pending frame over a transposed view (pixels not packed in rows): torch's op, same pixels."""
     arr = np.random.default_rng(4).integers(0, 256, (40, 30, 3), dtype=np.uint8).transpose(1, 0, 2)

@@ -12,13 +12,78 @@ import torch
 
 from threadloader.images.datagen import make_imagenet_like
 
-__all__ = ["SMALL_IMAGE", "SMALL_SIZE", "python_time_per_image"]
+__all__ = ["SMALL_IMAGE", "SMALL_SIZE", "native_calls_label", "python_time_per_image"]
+
+
+def native_calls_label() -> str:
+    """What :func:`_native_frame_calls` times on this install, for the bench's report."""
+    from threadloader.images import decode
+
+    if decode._native_load is not None:
+        return "threadloader's C part: read + decode per image, resize as frame_collate does"
+    return "file read, simplejpeg decode, torch resize into the batch"
 
 
 def _native_frame_calls(
     paths: Sequence[str], size: tuple[int, int], batch_size: int
 ) -> float:
-    """Seconds per image of the frame path's native calls alone, timed directly.
+    """Seconds per image of the frame path's native calls alone: those of the C part where it is installed."""
+    from threadloader.images import decode
+
+    if decode._native_load is not None:
+        return _c_part_calls(paths, size, batch_size)
+    return _python_path_calls(paths, size, batch_size)
+
+
+def _c_part_calls(paths: Sequence[str], size: tuple[int, int], batch_size: int) -> float:
+    """Seconds per image of the C part's calls alone, on the frame path's data flow.
+
+    Per image, one call reads the file and decodes it at the DCT scale
+    ``decode_image`` picks by default, into a buffer of its own (a batch's
+    frames all live until collate). Per batch, one call resizes them into a
+    reused batch, or torch's op resizes each where ``frame_collate`` would
+    take it (large sources on few cores). The edge crop of a scaled decode
+    is the path's.
+    """
+    import numpy as np
+
+    from threadloader._platform.torch_compat import resize_op
+    from threadloader.images import decode, frames
+
+    h, w = size
+    load = decode._native_load
+    assert load is not None
+    batch = np.empty((batch_size, h, w, 3), dtype=np.uint8)
+    slots = torch.from_numpy(batch).permute(0, 3, 1, 2).split(1)
+    from_numpy = torch.from_numpy
+    buffers = [bytearray(1) for _ in range(batch_size)]
+    sources: list[Any] = [None] * batch_size
+    start = time.perf_counter()
+    for first in range(0, len(paths), batch_size):
+        chunk = paths[first:first + batch_size]
+        for j, path in enumerate(chunk):
+            status, _, pixels, height, width, factor = load(path, h, w, 2.0, -1, False, False, buffers[j])
+            if status:
+                raise RuntimeError(f"the C part did not decode {path}")
+            rows, cols = -(-height // factor), -(-width // factor)
+            if pixels is not buffers[j]:  # too small: the next batch has one that fits, as the path's pool
+                buffers[j] = bytearray(rows * cols * 3)
+            arr = np.frombuffer(pixels, dtype=np.uint8, count=rows * cols * 3).reshape(rows, cols, 3)
+            _, _, bottom, right = decode._scaled_box((0, 0, height, width), 1.0 / factor, 1.0 / factor)
+            sources[j] = arr[:bottom, :right]
+        resize_batch = frames._native_resize_for(sources[0])
+        if resize_batch is not None:
+            resize_batch(sources[:len(chunk)], batch[:len(chunk)], h, w)
+        else:
+            for j in range(len(chunk)):
+                resize_op(from_numpy(sources[j][None].transpose(0, 3, 1, 2)), size, False, out=slots[j])
+    return (time.perf_counter() - start) / max(len(paths), 1)
+
+
+def _python_path_calls(
+    paths: Sequence[str], size: tuple[int, int], batch_size: int
+) -> float:
+    """Seconds per image of the Python frame path's native calls alone, timed directly.
 
     The same native work, on the same data flow, as the frame path does: per
     batch, each file is read (open, fstat, read to the end, close), its JPEG

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from threadloader.bench.pipelines import BASELINE, KERNEL_BOUND
+from threadloader.bench.python_time import native_calls_label
 from threadloader.bench.usage import usable_cores
 
 __all__ = [
@@ -214,7 +215,7 @@ def format_python_time(pt: dict[str, float] | None) -> str:
         lines.append(
             f"Python time per image (frame path, 1 thread, {pt['images']:.0f} small JPEGs): "
             f"{pt['path_us']:.1f} us through ThreadDataLoader - {pt['native_us']:.1f} us of its native calls "
-            f"(file read, simplejpeg decode, torch resize into the batch) = {python}"
+            f"({native_calls_label()}) = {python}"
         )
     if "data_python_us" in pt:
         spread = pt["data_native_spread_us"]

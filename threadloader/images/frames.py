@@ -21,6 +21,7 @@ torch's caching host allocator.
 from __future__ import annotations
 
 import functools
+import os
 import threading
 from typing import Any, Sequence
 
@@ -29,6 +30,7 @@ import torch
 
 from .._platform import torch_compat as _torch_compat
 from .._platform.fork import renew_after_fork
+from ..stats import cpu as _cpu
 from ..worker import context as _context
 from ..worker.context import pin_memory_requested
 from ..worker.rng import routing_suspended
@@ -42,6 +44,14 @@ _resize = _torch_compat.resize_op
 #: bit-identical to ``_resize``, one native call per batch; installed by ``threadloader.images.decode``
 #: where it is built, else None (torch's op resizes, one call per image).
 _native_resize: Any = None
+#: Sources larger than this many pixels go to torch's kernel on a machine of
+#: :data:`_FEW_CORES` usable cores or fewer. There torch's kernel costs less
+#: CPU per large image, and the GIL hand-off of one call per image is small
+#: beside it. With more cores the GIL hand-offs limit threads, and the one
+#: native call per batch wins. Both give the same pixels.
+_LARGE_SOURCE_PIXELS = 1 << 16
+_FEW_CORES = 4
+_few_cores = len(_cpu.usable_cpus() or range(os.cpu_count() or 1)) <= _FEW_CORES
 
 
 class Frame:
@@ -250,14 +260,22 @@ def _collate_frames_body(batch: Any, transform: Any) -> torch.Tensor:
     return out
 
 
+def _native_resize_for(source: np.ndarray) -> Any:
+    """The native batch resize for a batch of sources like ``source``, or None: torch's op, once per image."""
+    if _few_cores and source.shape[0] * source.shape[1] > _LARGE_SOURCE_PIXELS:
+        return None
+    return _native_resize
+
+
 def _resize_frames(arrays: list[np.ndarray], sizes: list[Any], dst: np.ndarray, first: int = 0) -> None:
     """Resize ``arrays[i]`` into ``dst[i]`` for each ``sizes[i]`` that is not None (a pending resize).
 
     One native call for them all where the image path installed it (the GIL
     is released once per batch); else torch's op, once per image. Both give
-    the same pixels.
+    the same pixels. A batch of large sources on a machine of few cores takes
+    torch's op (see :data:`_LARGE_SOURCE_PIXELS`).
     """
-    native = _native_resize
+    native = _native_resize_for(arrays[first])
     if native is not None:
         sources = [arr if size is not None else None for arr, size in zip(arrays, sizes)]
         try:
