@@ -310,24 +310,29 @@ def test_workers_that_started_threads_of_their_own_stay_threads():
 def test_threads_that_a_worker_thread_s_thread_starts_also_keep_the_workers_threads():
     def init(worker_id):
         def spawn_grandchild():
-            threading.Thread(target=stop.wait, name=f"grandchild-{worker_id}", daemon=True).start()
+            grandchild = threading.Thread(target=stop.wait, name=f"grandchild-{worker_id}", daemon=True)
+            grandchildren.append(grandchild)
+            grandchild.start()
 
         child = threading.Thread(target=spawn_grandchild, name=f"child-{worker_id}")
         child.start()
         child.join()  # the thread between has ended: the grandchild is still traced to the worker
 
     stop = threading.Event()
+    grandchildren: list[threading.Thread] = []
     loader = ThreadDataLoader(Augmented(16), batch_size=4, num_workers=2, worker_init_fn=init,
                               multiprocessing_context=FORK)
     try:
         it = iter(loader)
-        next(it)
+        got = [next(it), next(it)]  # one batch from each worker: both have run worker_init_fn
         assert not it._pool.move()
         assert loader.stats().mode == ("threads (adaptive: stays on threads, threads the workers started "
                                        "(grandchild-0, grandchild-1) would be missing in a worker process)")
-        assert len(to_list(it)) == 3
+        assert len(got + list(it)) == 4
     finally:
         stop.set()
+        for thread in grandchildren:
+            thread.join(5)
 
 
 def test_threads_the_training_loop_starts_mid_epoch_do_not_keep_the_workers_threads():
