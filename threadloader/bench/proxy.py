@@ -170,7 +170,7 @@ def run_proxy(args: argparse.Namespace) -> list[dict[str, Any]]:
     workers: Sequence[int] = args.workers or [2, 4]
     batch_size = args.batch_size or 32
     batches = args.max_batches or 30
-    rounds = 3
+    rounds = args.rounds or 3
     cores = usable_cores()
     classes, per_class = _PROXY_DATA
     root = prepare_dataset(cache_dir=args.cache_dir, num_classes=classes, images_per_class=per_class,
