@@ -442,3 +442,41 @@ def test_a_dataset_with_its_own_state_resumes_across_a_move_as_with_threads(monk
     got, mode = run()
     assert got == expected
     assert mode.startswith("processes (adaptive: moved")
+
+
+
+#: Set when sample 0 of :class:`Straggler` begins, and by the test when it may end.
+_STARTED, _RELEASE = threading.Event(), threading.Event()
+
+
+class Straggler(Dataset):
+    """Sample 0 waits until the test releases it (at most 10 s); the others come at once."""
+
+    def __len__(self) -> int:
+        return 10
+
+    def __getitem__(self, i: int):
+        if i == 0:
+            _STARTED.set()
+            _RELEASE.wait(timeout=10)
+        return get_worker_info().id, i
+
+
+def test_a_slow_task_holds_up_no_other_worker_while_the_workers_move():
+    # With in_order=False, DataLoader's other worker serves on while one task takes long (torch's
+    # test_out_of_order_index_ds). Here the move begins while worker 0 is on sample 0: worker 1
+    # parks, serves on as a thread meanwhile, and parks again once worker 0 has parked.
+    _STARTED.clear()
+    _RELEASE.clear()
+    loader = ThreadDataLoader(Straggler(), batch_size=None, num_workers=2, in_order=False,
+                              multiprocessing_context=FORK)
+    it = iter(loader)
+    got = [tuple(next(it))]
+    assert _STARTED.wait(timeout=10)
+    assert it._pool.move()
+    for sample in it:
+        got.append(tuple(sample))
+        if len(got) == 8:
+            _RELEASE.set()
+    assert got == [(1, 1), (1, 3), (1, 4), (1, 5), (1, 6), (1, 7), (1, 8), (1, 9), (0, 0), (0, 2)]
+    assert loader.stats().mode.startswith("processes (adaptive: moved into 2 worker processes")

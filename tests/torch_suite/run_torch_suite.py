@@ -10,7 +10,8 @@ them beside the environment rather than into it, then::
     PYTHONPATH=$PWD:/tmp/suite-deps python tests/torch_suite/run_torch_suite.py \
         /tmp/test_dataloader.py --loader thread --test-timeout 120
     # the same with --loader torch for the baseline, --loader processes for
-    # worker_processes, or --compare for the baseline and the loader named
+    # worker_processes, --loader threads-only for worker_processes=0, or
+    # --compare for the baseline and the loader named
 
 The swap is done by a ``sitecustomize`` module placed first on ``PYTHONPATH``
 for the pytest run: it sets ``torch.utils.data.DataLoader`` to
@@ -73,12 +74,39 @@ ProcessesDataLoader.__init__.__signature__ = _inspect.signature(_ThreadDataLoade
 _tud.DataLoader = ProcessesDataLoader
 '''
 
-_LABELS = {"torch": "DataLoader", "thread": "ThreadDataLoader", "processes": "ThreadDataLoader(worker_processes)"}
+# ``--loader threads-only``: the same class with ``worker_processes=0`` by
+# default, so the workers stay threads (no adaptive move).
+_SITECUSTOMIZE_THREADS_ONLY = '''\
+# Written by threadloader's tests/torch_suite/run_torch_suite.py.
+import inspect as _inspect
+import typing as _typing
+import torch.utils.data as _tud
+from threadloader import ThreadDataLoader as _ThreadDataLoader
+
+_T_co = _typing.TypeVar("_T_co", covariant=True)
+
+
+class ThreadsOnlyDataLoader(_ThreadDataLoader[_T_co]):
+    def __init__(self, *args, worker_processes=0, **kwargs):
+        super().__init__(*args, worker_processes=worker_processes, **kwargs)
+
+
+ThreadsOnlyDataLoader.__init__.__signature__ = _inspect.signature(_ThreadDataLoader.__init__)
+
+
+_tud.DataLoader = ThreadsOnlyDataLoader
+'''
+
+_SITES = {"thread": _SITECUSTOMIZE, "processes": _SITECUSTOMIZE_PROCESSES,
+          "threads-only": _SITECUSTOMIZE_THREADS_ONLY}
+
+_LABELS = {"torch": "DataLoader", "thread": "ThreadDataLoader", "processes": "ThreadDataLoader(worker_processes)",
+           "threads-only": "ThreadDataLoader(worker_processes=0)"}
 
 
 def run(test_file: Path, loader: str, timeout_s: float, pytest_args: list[str],
         test_timeout_s: float = 0) -> dict[str, str]:
-    """Run the test file under pytest with ``loader`` ('thread', 'processes' or 'torch').
+    """Run the test file under pytest with ``loader`` ('thread', 'processes', 'threads-only' or 'torch').
 
     Returns:
         test id -> outcome ('passed', 'failed', 'error' or 'skipped').
@@ -92,7 +120,7 @@ def run(test_file: Path, loader: str, timeout_s: float, pytest_args: list[str],
         if loader != "torch":
             site = work / "site"
             site.mkdir()
-            (site / "sitecustomize.py").write_text(_SITECUSTOMIZE if loader == "thread" else _SITECUSTOMIZE_PROCESSES)
+            (site / "sitecustomize.py").write_text(_SITES[loader])
             paths.insert(0, str(site))
         repo = str(Path(__file__).resolve().parents[2])
         paths.append(repo)
@@ -152,9 +180,10 @@ def summary(label: str, outcomes: dict[str, str]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("test_file", type=Path, help="a copy of torch's test/test_dataloader.py")
-    parser.add_argument("--loader", choices=("thread", "processes", "torch"), default="thread",
+    parser.add_argument("--loader", choices=("thread", "processes", "threads-only", "torch"), default="thread",
                         help="processes: ThreadDataLoader with worker_processes=min(num_workers, P), "
-                             "P from $THREADLOADER_SUITE_PROCESSES (default 2)")
+                             "P from $THREADLOADER_SUITE_PROCESSES (default 2); "
+                             "threads-only: worker_processes=0")
     parser.add_argument("--compare", action="store_true", help="run both loaders and list the differences")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per pytest run")
     parser.add_argument("--test-timeout", type=float, default=0.0,

@@ -11,7 +11,14 @@ worker per process as in DataLoader, in the middle of the epoch:
 2. Each worker finishes the task it is on, then answers ``Kind.PARKED`` with
    its handoff (its copies and generators: :mod:`threadloader.worker.handoff`)
    and waits.
-3. When the last one has answered (read by the consumer, in :meth:`get`),
+3. A worker that parked while another is still on a slow task does not wait
+   for it: once the consumer has waited :data:`GO_ON_AFTER_S` (or four mean
+   tasks, if longer) with nothing arriving, each parked worker gets its held
+   jobs back and serves on as a thread. When every other worker has parked,
+   those park again, after the task each is on. DataLoader's other workers
+   serve on while one task takes long (``in_order=False`` shows it), and so
+   do these.
+4. When the last one has answered (read by the consumer, in :meth:`get`),
    the process pool starts with the handoffs: each child's worker goes on
    where its thread stopped, with no ``worker_init_fn`` run again. The jobs
    taken back and held go to it in their order, and the threads stop.
@@ -25,6 +32,7 @@ go on with the jobs held and the mode stays threads for good.
 from __future__ import annotations
 
 import dataclasses
+import queue
 import threading
 import time
 from typing import Any, Callable
@@ -35,7 +43,11 @@ from ..engine.thread_pool import ThreadPool
 from ..stats.gil import GilBound
 from . import policy
 
-__all__ = ["AdaptivePool"]
+__all__ = ["GO_ON_AFTER_S", "AdaptivePool"]
+
+#: While the workers move: how long the consumer waits, with nothing arriving,
+#: before the parked workers serve on as threads (at least four mean tasks).
+GO_ON_AFTER_S = 0.1
 
 _COUNTED = ("fetch_s", "collate_s", "pin_s", "epoch", "epoch_items", "tasks")
 
@@ -60,9 +72,11 @@ class AdaptivePool:
         self._current: Pool = self._threads
         #: The workers' counters by id; the processes' replace them here when the workers move.
         self.counters = list(self._threads.counters)
-        #: While moving: each worker's jobs held back, in order (None: not moving).
+        #: While moving: the jobs held back of each worker parking or parked, in order (None: not moving).
         self._held: dict[int, list[Job]] | None = None
         self._parked: dict[int, Any] = {}
+        #: While moving: the workers that parked, then went on as threads while another was on a slow task.
+        self._went_on: set[int] = set()
         self._gave_up = False  # a move failed: threads for good
         self._stopped = False
         # The consumer moves the pool (in get); a garbage collection may stop it from another thread.
@@ -104,8 +118,9 @@ class AdaptivePool:
         """
         if self._stopped:
             raise RuntimeError(STOPPED_MESSAGE)
-        if self._held is not None:
-            self._held[worker_id].append(job)
+        held = self._held
+        if held is not None and worker_id in held:
+            held[worker_id].append(job)
             return
         self._current.submit(worker_id, job)
 
@@ -155,10 +170,48 @@ class AdaptivePool:
                 self._give_up(f"threads the workers started ({', '.join(strangers)}) would be "
                               "missing in a worker process")
                 return False
-            self._held = {w: self._threads.take_queued(w) for w in range(self._cfg.num_workers)}
-            for w in self._held:
-                self._threads.submit(w, Job(PARK_TASK, self._threads.generation, None))
+            self._parked, self._went_on = {}, set()
+            self._held = {}
+            self._park(self._held, range(self._cfg.num_workers))
             return True
+
+    def _park(self, held: dict[int, list[Job]], workers: Any) -> None:
+        """Hold the queued jobs of ``workers`` in ``held`` and have each park after the task it is on (lock held)."""
+        for w in workers:
+            held[w] = self._threads.take_queued(w)
+            self._threads.submit(w, Job(PARK_TASK, self._threads.generation, None))
+
+    def _patience(self) -> float:
+        """How long the consumer waits for a message, while the workers move, before the parked ones go on."""
+        tasks = sum(c.tasks for c in self._threads.counters)
+        busy_s = sum(c.fetch_s + c.collate_s for c in self._threads.counters)
+        return max(GO_ON_AFTER_S, 4 * busy_s / tasks) if tasks else GO_ON_AFTER_S
+
+    def _go_on(self) -> None:
+        """The consumer waits in vain: parked workers serve on as threads while another finishes a slow task."""
+        with self._lock:
+            held = self._held
+            if held is None or self._stopped:
+                return
+            for w in list(self._parked):
+                del self._parked[w]
+                self._went_on.add(w)
+                for job in held.pop(w):
+                    self._threads.submit(w, job)
+
+    def _on_parked(self, worker_id: int, handoff: Any) -> None:
+        """Record ``worker_id``'s handoff; the last one completes the move."""
+        with self._lock:
+            held = self._held
+            if held is None or worker_id not in held or self._stopped:
+                return  # a park of a move given up
+            self._parked[worker_id] = handoff
+            if self._went_on and len(self._parked) + len(self._went_on) == self._cfg.num_workers:
+                went_on, self._went_on = self._went_on, set()
+                self._park(held, sorted(went_on))  # their handoffs are stale: they park again
+            if len(self._parked) < self._cfg.num_workers:
+                return
+        self._finish_move()
 
     def _threads_started_by_workers(self) -> list[str]:
         """The live Python threads that the worker threads started (threadloader's own aside).
@@ -179,14 +232,23 @@ class AdaptivePool:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            message = self._current.results.get(block, remaining)
+            if self._held is not None and block:
+                patience = self._patience()
+                try:
+                    message = self._current.results.get(True, patience if remaining is None else min(patience, remaining))
+                except queue.Empty:
+                    if remaining is not None and remaining <= patience:
+                        raise
+                    self._go_on()
+                    continue
+            else:
+                message = self._current.results.get(block, remaining)
             if message.kind == Kind.PARKED:
-                if self._held is not None:
-                    self._parked[message.worker_id] = message.payload
-                    if len(self._parked) == self._cfg.num_workers:
-                        self._finish_move()
-                        if timeout is not None:  # the wait for the workers starts again: starting processes is ours
-                            deadline = time.monotonic() + timeout
+                moving = self._held is not None
+                self._on_parked(message.worker_id, message.payload)
+                if moving and self._held is None and timeout is not None:
+                    # The wait for the workers starts again: starting processes is ours.
+                    deadline = time.monotonic() + timeout
                 continue
             if message.kind == Kind.DIED and self._held is not None:
                 self._abort_move(f"worker {message.worker_id} died while the workers moved")
@@ -239,6 +301,7 @@ class AdaptivePool:
     def _abort_move_locked(self, why: str) -> None:
         """The workers stay threads for good: they get the held jobs, in order, behind their park."""
         held, self._held, self._parked = self._held, None, {}
+        self._went_on = set()
         self._give_up(why)
         if held is None or self._stopped:
             return
