@@ -1127,3 +1127,18 @@ def test_the_native_part_is_built_where_it_can_be() -> None:
         pytest.fail(f"threadloader.images._native is not built ({e}): pip install -e . builds it "
                     f"(or python setup.py build_ext --inplace in a checkout)")
     assert _image_module._native_load is not None
+
+
+def test_the_native_buffer_guess_is_the_largest_size_of_the_last_window() -> None:
+    """Scattered sizes fit the guessed block (one pooled size, reused); a rare large image is forgotten."""
+    guess = _image_module._SizeGuess()
+    window = _image_module._GUESS_WINDOW
+    guesses = []
+    for n in [100, 120, 90, 110] * (window // 4) + [70] * window + [50] * window + [60] * window:
+        guesses.append(guess.nbytes)
+        guess.learn(n)
+    assert guesses[:4] == [1, 100, 120, 120]  # grows at once
+    assert set(guesses[window:3 * window]) == {120}  # kept: 70 is over half of it
+    assert guesses[3 * window:3 * window + 2] == [50, 60]  # a window all under half: forgotten
+    guess.learn(_image_module._GUESS_CAP + 1)  # over the cap: never the guess
+    assert guess.nbytes == 60

@@ -25,7 +25,6 @@ import numbers
 import os
 import stat
 import struct
-import threading
 import warnings
 from typing import Any, Callable, Iterator, Sequence, Union
 
@@ -570,7 +569,43 @@ _install_native()
 #: Decoded pixels larger than this are never the guess for the next image's buffer (one panorama
 #: must not make every pooled block that large).
 _GUESS_CAP = 16 << 20
-_guess = threading.local()
+#: Images per window of the guess. The guess grows to the largest size seen at once, and shrinks
+#: only when a whole window's images were all under half of it: one block size fits a data set of
+#: scattered sizes (the pool reuses blocks of one size), and a rare large image is forgotten.
+_GUESS_WINDOW = 64
+
+
+class _SizeGuess:
+    """The buffer size the next natively decoded image is guessed to need, one per process.
+
+    The C call learns an image's size only once it has read the file, so its
+    buffer is taken before. The guess is shared by every worker thread (a new
+    epoch's threads start with it). It is a hint: any value is correct, since
+    an image that does not fit gets memory of its own. So threads update it
+    without a lock.
+    """
+
+    __slots__ = ("nbytes", "window", "seen")
+
+    def __init__(self) -> None:
+        self.nbytes, self.window, self.seen = 1, 0, 0
+
+    def learn(self, nbytes: int) -> None:
+        """Take a decoded image of ``nbytes`` into the guess."""
+        if nbytes > _GUESS_CAP:
+            return
+        window, seen = max(self.window, nbytes), self.seen + 1
+        if nbytes > self.nbytes:
+            self.nbytes = nbytes
+        if seen < _GUESS_WINDOW:
+            self.window, self.seen = window, seen
+            return
+        if window < self.nbytes // 2:
+            self.nbytes = window
+        self.window, self.seen = 0, 0
+
+
+_guess = _SizeGuess()
 
 
 def _pixel_limit() -> int:
@@ -592,7 +627,7 @@ def _native_frame(
     Raises:
         OSError: the file cannot be read (as :func:`_read_file` raises it).
     """
-    out = decode_pool.take_bytes(getattr(_guess, "nbytes", 1))
+    out = decode_pool.take_bytes(_guess.nbytes)
     status, data, pixels, height, width, factor = _native_load(
         source, size[0] if size else 0, size[1] if size else 0, reducing_gap or 0.0, _pixel_limit(),
         fastdct, fastupsample, out)
@@ -600,12 +635,11 @@ def _native_frame(
         return source if data is None else data
     h, w = -(-height // factor), -(-width // factor)
     n = h * w * 3
+    _guess.learn(n)
     if pixels is out:
         arr = out[:n].reshape(h, w, 3)
     else:
         arr = np.frombuffer(pixels, dtype=np.uint8, count=n).reshape(h, w, 3)
-        if n <= _GUESS_CAP:
-            _guess.nbytes = n
     if factor > 1:
         # As _decode_simplejpeg: the image's edges map to the nearest scaled pixel (a last,
         # partial row or column of a scaled decode is left out).
