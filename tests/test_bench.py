@@ -791,10 +791,11 @@ def test_proxy_runs_both_frame_paths_and_restores_the_choice(monkeypatch, tmp_pa
     from threadloader.bench import proxy
     from threadloader.images import decode as image
 
-    seen = []
+    seen, seen_batches = [], []
 
     def fake_rate(name, root, w, batch_size, batches):
         seen.append((os.environ.get("THREADLOADER_NATIVE"), image._native_load is not None, name, w))
+        seen_batches.append((name, batches))
         return 100.0
 
     monkeypatch.setattr(proxy, "_rate", fake_rate)
@@ -807,6 +808,8 @@ def test_proxy_runs_both_frame_paths_and_restores_the_choice(monkeypatch, tmp_pa
     args = cli.build_parser().parse_args(["--proxy", "--workers", "2", "--no-progress"])
     status, rows = cli.run_cli(args)
     assert status == 0 and [r["threads/bound"] for r in rows] == [0.5] * len(rows)
+    runs = len(rows) * 2  # threads and DataLoader + kernel per path and worker count
+    assert len(seen) == runs * proxy._ROUNDS and {b for *_, b in seen_batches} == {proxy._BATCHES}
     paths = [r["path"] for r in rows]
     assert paths == (["python", "native"] if before is not None else ["python"])
     assert ("0", False, proxy.THREADS, 2) in seen
