@@ -1060,32 +1060,26 @@ def test_native_path_recovers_after_any_failure() -> None:
 
 
 @needs_native
-def test_native_decodes_into_pooled_memory_sized_by_the_last_image(tmp_path) -> None:
-    """A larger image than the thread's last gets memory of its own, and sets the size for the next."""
-    import threading
-
+def test_native_decodes_into_pooled_memory_sized_by_the_guess(monkeypatch) -> None:
+    """A larger image than the guess gets memory of its own, and sets the guess for the next."""
     from threadloader.images.buffers import decode_pool
 
     small = codec.encode_jpeg(photo_like_image(40, 50, 2), quality=90, colorspace="RGB")
     big = codec.encode_jpeg(photo_like_image(300, 400, 3), quality=90, colorspace="RGB")
     expected = codec.decode_jpeg(big, colorspace="RGB")
-    results = []
-
-    def run() -> None:  # a fresh thread: no size learnt yet
-        first = decode_image(big)
-        lent = decode_pool.stats()["lent"]
-        second = decode_image(big)  # into a pooled block now
-        results.append((first.numpy(), second.numpy(), decode_pool.stats()["lent"] - lent, decode_image(small).numpy()))
-
-    t = threading.Thread(target=run)
-    t.start()
-    t.join()
-    first, second, new_loans, tiny = results[0]
-    assert np.array_equal(first, expected) and np.array_equal(second, expected)
+    monkeypatch.setattr(_image_module, "_guess", _image_module._SizeGuess())  # no size learnt yet
+    first = decode_image(big)
+    lent = decode_pool.stats()["lent"]
+    second = decode_image(big)  # into a pooled block now
+    new_loans = decode_pool.stats()["lent"] - lent
+    tiny = decode_image(small)  # into a block of the big one's size: the guess does not shrink at once
+    assert np.array_equal(first.numpy(), expected) and np.array_equal(second.numpy(), expected)
     assert new_loans == 1  # the second's block (the one the first call took, unused, is back)
-    assert _owner(first).__class__.__name__ == "Pixels" and isinstance(_owner(second), memoryview)
-    assert first.flags.writeable and second.flags.writeable
-    assert np.array_equal(tiny, codec.decode_jpeg(small, colorspace="RGB"))
+    assert _owner(first.numpy()).__class__.__name__ == "Pixels" and isinstance(_owner(second.numpy()), memoryview)
+    assert first.numpy().flags.writeable and second.numpy().flags.writeable
+    assert np.array_equal(tiny.numpy(), codec.decode_jpeg(small, colorspace="RGB"))
+    assert isinstance(_owner(tiny.numpy()), memoryview)
+    assert _image_module._guess.nbytes == expected.nbytes
 
 
 def test_without_the_native_part_the_python_path_decodes(monkeypatch) -> None:
