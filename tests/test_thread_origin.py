@@ -16,26 +16,30 @@ def _run(target, name: str) -> threading.Thread:
 def test_threads_are_traced_to_the_thread_that_started_them_through_ended_ones():
     thread_origin.watch()
     thread_origin.watch()  # idempotent: one wrapper, not two
-    stop = threading.Event()
+    stop, ready = threading.Event(), threading.Event()
     made = {}
 
+    def child_body():
+        made["grandchild"] = _run(stop.wait, "grandchild")
+
     def root_body():
-        made["child"] = _run(lambda: made.setdefault("grandchild", _run(stop.wait, "grandchild")), "child")
-        made["child"].join()
+        child = _run(child_body, "child")
+        child.join()  # the thread between has ended before the check
+        made["child"] = child
+        ready.set()
         stop.wait()
 
     root = _run(root_body, "root")
     other = _run(stop.wait, "other")
     try:
-        while "grandchild" not in made:
-            threading.Event().wait(0.01)
+        assert ready.wait(10)
         assert not made["child"].is_alive()
         assert thread_origin.started_within([root]) == [made["grandchild"]]
         assert thread_origin.started_within([other]) == []
         assert set(thread_origin.started_within([threading.current_thread()])) >= {root, other, made["grandchild"]}
     finally:
         stop.set()
-        for thread in (root, other, made["grandchild"]):
+        for thread in (root, other, *made.values()):
             thread.join(5)
 
 
