@@ -739,8 +739,9 @@ def test_kernel_bound_counts_the_span_not_each_processs_own_rate() -> None:
 
 def test_bench_cores_are_the_usable_ones(monkeypatch) -> None:
     from threadloader.bench import usage as bench_usage
+    from threadloader.stats import cpu
 
-    monkeypatch.setattr(bench_usage, "usable_cpus", lambda: [0])
+    monkeypatch.setattr(cpu, "usable_cpus", lambda: [0])
     assert bench_usage.usable_cores() == 1
     monkeypatch.setattr(cli, "usable_cores", lambda: 1)
     assert cli.bench_workers() == [1, 2]

@@ -23,7 +23,7 @@ import resource
 import time
 from dataclasses import dataclass
 
-from ..stats.cpu import usable_cpus
+from ..stats.cpu import usable_cores
 
 __all__ = ["Usage", "usage", "usable_cores"]
 
@@ -48,12 +48,6 @@ class Usage:
     def __sub__(self, other: "Usage") -> "Usage":
         return Usage(self.cpu_s - other.cpu_s, self.faults - other.faults,
                      max(self.resolution_s, other.resolution_s))
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity: taskset, containers, SLURM)."""
-    cpus = usable_cpus()
-    return len(cpus) if cpus else os.cpu_count() or 1
 
 
 def _process_clock(pid: int) -> int:

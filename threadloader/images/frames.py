@@ -21,7 +21,6 @@ torch's caching host allocator.
 from __future__ import annotations
 
 import functools
-import os
 import threading
 from typing import Any, Sequence
 
@@ -51,7 +50,7 @@ _native_resize: Any = None
 #: native call per batch wins. Both give the same pixels.
 _LARGE_SOURCE_PIXELS = 1 << 16
 _FEW_CORES = 4
-_few_cores = len(_cpu.usable_cpus() or range(os.cpu_count() or 1)) <= _FEW_CORES
+_few_cores = _cpu.usable_cores() <= _FEW_CORES
 
 
 class Frame:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 
-__all__ = ["process_cpu_seconds", "system_cpu_seconds", "usable_cpus"]
+__all__ = ["process_cpu_seconds", "system_cpu_seconds", "usable_cores", "usable_cpus"]
 
 
 def usable_cpus() -> list[int] | None:
@@ -14,6 +14,12 @@ def usable_cpus() -> list[int] | None:
         return sorted(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # not Linux
         return None
+
+
+def usable_cores() -> int:
+    """How many cores this process may run on (its CPU affinity, else the machine's count)."""
+    cpus = usable_cpus()
+    return len(cpus) if cpus else os.cpu_count() or 1
 
 
 def system_cpu_seconds(cpus: list[int] | None = None) -> tuple[float, float] | None:
