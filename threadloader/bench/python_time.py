@@ -65,12 +65,9 @@ def _c_part_calls(paths: Sequence[str], size: tuple[int, int], batch_size: int) 
             status, _, pixels, height, width, factor = load(path, h, w, 2.0, -1, False, False, buffers[j])
             if status:
                 raise RuntimeError(f"the C part did not decode {path}")
-            rows, cols = -(-height // factor), -(-width // factor)
             if pixels is not buffers[j]:  # too small: the next batch has one that fits, as the path's pool
-                buffers[j] = bytearray(rows * cols * 3)
-            arr = np.frombuffer(pixels, dtype=np.uint8, count=rows * cols * 3).reshape(rows, cols, 3)
-            _, _, bottom, right = decode._scaled_box((0, 0, height, width), 1.0 / factor, 1.0 / factor)
-            sources[j] = arr[:bottom, :right]
+                buffers[j] = bytearray(decode.native_nbytes(height, width, factor))
+            sources[j] = decode.native_image(pixels, height, width, factor)
         resize_batch = frames._native_resize_for(sources[0])
         if resize_batch is not None:
             resize_batch(sources[:len(chunk)], batch[:len(chunk)], h, w)

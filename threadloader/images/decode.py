@@ -615,6 +615,25 @@ def _pixel_limit() -> int:
     return -1 if limit is None else int(limit)
 
 
+def native_nbytes(height: int, width: int, factor: int) -> int:
+    """Bytes of the pixels the native call decodes from a ``height`` x ``width`` JPEG at scale 1/``factor``."""
+    return -(-height // factor) * -(-width // factor) * 3
+
+
+def native_image(pixels: Any, height: int, width: int, factor: int) -> np.ndarray:
+    """The ``(rows, cols, 3)`` uint8 view of the native call's ``pixels`` (a buffer at least that long).
+
+    As :func:`_decode_simplejpeg`, the image's edges map to the nearest scaled
+    pixel: a last, partial row or column of a scaled decode is left out.
+    """
+    rows, cols = -(-height // factor), -(-width // factor)
+    arr = np.frombuffer(pixels, dtype=np.uint8, count=rows * cols * 3).reshape(rows, cols, 3)
+    if factor > 1:
+        _, _, bottom, right = _scaled_box((0, 0, height, width), 1.0 / factor, 1.0 / factor)
+        arr = arr[:bottom, :right]
+    return arr
+
+
 def _native_frame(
     source: str | bytes, size: tuple[int, int] | None, reducing_gap: float | None, fastdct: bool, fastupsample: bool,
 ) -> Frame | Any:
@@ -633,20 +652,9 @@ def _native_frame(
         fastdct, fastupsample, out)
     if status:
         return source if data is None else data
-    h, w = -(-height // factor), -(-width // factor)
-    n = h * w * 3
-    _guess.learn(n)
-    if pixels is out:
-        arr = out[:n].reshape(h, w, 3)
-    else:
-        arr = np.frombuffer(pixels, dtype=np.uint8, count=n).reshape(h, w, 3)
-    if factor > 1:
-        # As _decode_simplejpeg: the image's edges map to the nearest scaled pixel (a last,
-        # partial row or column of a scaled decode is left out).
-        _, _, b, r = _scaled_box((0, 0, height, width), 1.0 / factor, 1.0 / factor)
-        arr = arr[:b, :r]
-        h, w = arr.shape[:2]
-    if size is not None and (h, w) != size:
+    _guess.learn(native_nbytes(height, width, factor))
+    arr = native_image(pixels, height, width, factor)
+    if size is not None and arr.shape[:2] != size:
         return _deferred(arr, size)
     return Frame(arr)
 
