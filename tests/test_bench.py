@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import require_torchvision
+from hypothesis import given
+from hypothesis import strategies as st
 
 from threadloader import bench
 from threadloader.__main__ import main as cli_main
@@ -878,6 +880,23 @@ def test_zoo_workloads_flag_selects_and_refuses_unknown_names(tmp_path, cache_di
     with pytest.raises(SystemExit):
         bench.main(["--zoo", "--zoo-workloads", "nope"])
     assert "unknown workload(s) nope" in capsys.readouterr().err
+
+
+@given(st.integers(min_value=1, max_value=9), st.integers(min_value=0, max_value=50))
+def test_zoo_order_balances_positions_and_neighbours(n, start) -> None:
+    from collections import Counter
+
+    from threadloader.bench.zoo import balanced_order
+
+    items = [f"l{i}" for i in range(n)]
+    period = n if n % 2 == 0 else 2 * n
+    orders = [balanced_order(items, k) for k in range(start, start + period)]
+    assert all(sorted(o) == sorted(items) for o in orders)
+    positions = Counter((i, name) for o in orders for i, name in enumerate(o))
+    assert set(positions.values()) == {period // n}
+    if n > 1:
+        pairs = Counter((a, b) for o in orders for a, b in zip(o, o[1:]))
+        assert len(pairs) == n * (n - 1) and len(set(pairs.values())) == 1
 
 
 def test_zoo_targets_name_the_worst_cell() -> None:

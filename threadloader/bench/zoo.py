@@ -9,8 +9,9 @@ Loaders, side by side in one run on every workload of :mod:`.zoo_data`:
   one per process as in DataLoader; ``--worker-processes`` sets it).
 
 Every cell (workload, workers, loader) is timed once per round, rounds
-interleaved and the loaders' order rotated from round to round, so that
-machine noise hits all of them alike; the median rate of the rounds is kept.
+interleaved and the loaders' order changed from round to round (each runs
+first, and after each other one, equally often: :func:`balanced_order`), so
+that machine noise hits all of them alike; the median rate of the rounds is kept.
 The first batches, as many as the loader keeps in flight, are not timed
 (start-up). Ratios are rates over DataLoader's in the same run.
 """
@@ -41,6 +42,7 @@ from threadloader.bench.zoo_data import SCALES, WORKLOADS, Scale, Workload, buil
 __all__ = [
     "LOADERS",
     "ZooRow",
+    "balanced_order",
     "format_zoo_table",
     "run_zoo",
     "target_lines",
@@ -137,9 +139,26 @@ def _timed(workload: Workload, scale: Scale) -> int:
     return max(1, round(workload.batches * scale.batches))
 
 
-def _rotated(items: Sequence[str], k: int) -> list[str]:
-    k %= len(items)
-    return list(items[k:]) + list(items[:k])
+def balanced_order(items: Sequence[str], k: int) -> list[str]:
+    """Order ``k`` of ``items`` in a Williams design: each runs first, and after each other one, equally often.
+
+    Over ``len(items)`` consecutive orders (twice that for an odd count).
+
+    A plain rotation keeps every item behind the same neighbour in every
+    order; whatever a loader leaves behind (a process still exiting, memory
+    to give back) would then always fall on the same next loader.
+    """
+    n = len(items)
+    base, low, high = [0], 1, n - 1
+    while len(base) < n:
+        base.append(low)
+        low += 1
+        if len(base) < n:
+            base.append(high)
+            high -= 1
+    order = [items[(i + k) % n] for i in base]
+    # With an odd count the orders and their reverses together balance the neighbours.
+    return order[::-1] if n % 2 and (k // n) % 2 else order
 
 
 def measure_zoo(
@@ -157,7 +176,7 @@ def measure_zoo(
             p = zoo_processes(n, processes)
             for w in workloads:
                 dataset, collate = built[w.name]
-                for name in _rotated(LOADERS, r + n):
+                for name in balanced_order(LOADERS, r + n):
                     key = (w.name, n, name)
                     if key in errors:
                         continue
