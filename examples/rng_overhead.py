@@ -5,8 +5,9 @@ Inside worker threads, threadloader sends the global RNG API (``torch.rand``,
 own generators. This measures, in one run and side by side, the cost per call
 in the *main thread* (the training loop) with the routing installed and with it
 removed, while worker threads of a running ThreadDataLoader draw random numbers
--- and, for reference, the per-op cost inside a worker thread, where a torch
-function mode is active.
+-- and, for reference, the per-op cost inside a worker thread: a torch op that
+draws nothing costs what it costs in any thread; a random op gets the worker's
+generator passed.
 
     python examples/rng_overhead.py [--calls 200000] [--repeat 7] [--smoke]
 """
@@ -53,16 +54,18 @@ def main_thread_costs(calls: int, repeat: int) -> dict[str, tuple[float, float]]
     return {k: (v[0], v[1]) for k, v in out.items()}
 
 
-def worker_op_cost(calls: int, repeat: int) -> tuple[float, float]:
-    """Per-op ns of a non-random torch op in a thread: (plain thread, worker thread)."""
+def worker_op_cost(calls: int, repeat: int) -> dict[str, tuple[float, float]]:
+    """Per-call ns of a non-random and a random torch op in a thread: (plain thread, worker thread)."""
     x = torch.zeros(8)
-    result = {}
+    ops = {"x.add(1)": lambda: x.add(1), "torch.rand(8)": lambda: torch.rand(8)}
+    result: dict[tuple[str, bool], float] = {}
 
     def body(as_worker: bool) -> None:
         if as_worker:
             worker.enter_worker(0, 1, 0, None)
         try:
-            result[as_worker] = _per_call_ns(lambda: x.add(1), calls, repeat)
+            for name, fn in ops.items():
+                result[name, as_worker] = _per_call_ns(fn, calls, repeat)
         finally:
             if as_worker:
                 worker.leave_worker()
@@ -71,7 +74,7 @@ def worker_op_cost(calls: int, repeat: int) -> tuple[float, float]:
         t = threading.Thread(target=body, args=(as_worker,))
         t.start()
         t.join()
-    return result[False], result[True]
+    return {name: (result[name, False], result[name, True]) for name in ops}
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -106,12 +109,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print(f"{'call':30s} {'not installed':>14s} {'installed':>10s} {'ratio':>6s}")
     for name, (off, on) in costs.items():
         print(f"{name:30s} {off:11.0f} ns {on:7.0f} ns {on / off:6.2f}")
-    plain, routed = worker_op_cost(args.calls // 4, args.repeat)
-    print("\ninside a thread, a non-random torch op (x.add(1)), per call:")
-    print(f"  plain thread {plain:.0f} ns, worker thread (routing mode active) {routed:.0f} ns, "
-          f"+{routed - plain:.0f} ns per torch call in workers")
-    rows.append({"call": "worker thread x.add(1)", "not_installed_ns": plain, "installed_ns": routed,
-                 "ratio": routed / plain})
+    print("\ninside a thread, per call (the worker's draws get its generator passed):")
+    for name, (plain, in_worker) in worker_op_cost(args.calls // 4, args.repeat).items():
+        print(f"  {name:14s} plain thread {plain:6.0f} ns, worker thread {in_worker:6.0f} ns "
+              f"({in_worker - plain:+.0f} ns)")
+        rows.append({"call": f"worker thread {name}", "not_installed_ns": plain, "installed_ns": in_worker,
+                     "ratio": in_worker / plain})
     return rows
 
 

@@ -912,20 +912,26 @@ def test_zoo_targets_name_the_worst_cell() -> None:
                                              *[zoo.ZooRow("a", 2, n, None, None, None, "failed: x") for n in zoo.LOADERS[1:]]])
 
 
-def test_torch_call_cost_sees_the_routing_mode(monkeypatch) -> None:
+def test_torch_call_cost_times_the_routing(monkeypatch) -> None:
     from threadloader.bench import torch_call
     from threadloader.worker import rng as _rng
 
     cost = torch_call.torch_call_cost(calls=200, rounds=1)
     assert cost.plain_ns > 0 and cost.worker_ns > 0 and cost.bare_mode_ns > 0
-    assert "ns added by a worker thread" in cost.line()
-    seen = []
-    original = _rng._RouteRandomOps.__torch_function__
+    assert cost.rand_plain_ns > 0 and cost.rand_worker_ns > 0
+    assert "ns added by a worker thread" in cost.line() and "per random op (torch.rand(8))" in cost.line()
+    routed = []
+    original = _rng._with_generator
 
-    def spy(self, func, types, args=(), kwargs=None):
-        seen.append(func)
-        return original(self, func, types, args, kwargs)
+    def spy(generator, args, kwargs):
+        kwargs = original(generator, args, kwargs)
+        routed.append((generator, kwargs.get("generator")))
+        return kwargs
 
-    monkeypatch.setattr(_rng._RouteRandomOps, "__torch_function__", spy)
-    torch_call.torch_call_cost(calls=10, rounds=1)
-    assert len(seen) >= 10  # the worker side of the timing runs under the worker's routing mode
+    monkeypatch.setattr(_rng, "_with_generator", spy)
+    torch_call.torch_call_cost(calls=10, rounds=2)
+    # Only the worker side's torch.rand calls are routed (x.add never is), each
+    # to the worker's own generator: worker 0 of base seed 0, seeded 0.
+    assert len(routed) == 20
+    assert all(given is passed and given is not torch.default_generator and given.initial_seed() == 0
+               for given, passed in routed)

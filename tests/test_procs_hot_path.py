@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, Dataset, get_worker_info
 from threadloader import ThreadDataLoader
 from threadloader.engine.protocol import Job, Kind, Message
 from threadloader.procs import process_pool, readers, wire
+from threadloader.worker import rng as _rng
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -40,18 +41,20 @@ class _WhereItRuns(Dataset):
             "main_thread": threading.current_thread() is threading.main_thread(),
             "thread": threading.current_thread().name,
             "modes": torch._C._len_torch_function_stack(),
+            # The generator torch.rand draws from here: the worker thread's own, or the process's.
+            "routed": _rng.calling_generators()[1] is not torch.default_generator,
             "worker": get_worker_info().id,
             "pid": os.getpid(),
         }
 
 
-def test_a_lone_worker_runs_in_its_childs_main_thread_and_its_torch_calls_skip_the_rng_mode():
+def test_a_lone_worker_runs_in_its_childs_main_thread_and_its_draws_are_not_routed():
     # One worker per process (DataLoader's split): no thread hand-off between
     # the child's job queue and its worker, and its process's generators are
-    # the worker's own, so no TorchFunctionMode routes its draws.
+    # the worker's own, so nothing routes its draws.
     got = list(ThreadDataLoader(_WhereItRuns(), batch_size=None, num_workers=2, worker_processes=2,
                                 multiprocessing_context=FORK))
-    assert all(s["main_thread"] and s["modes"] == 0 for s in got)
+    assert all(s["main_thread"] and s["modes"] == 0 and not s["routed"] for s in got)
     assert [s["thread"] for s in got] == [f"threadloader-worker-{s['worker']}" for s in got]
     assert len({s["pid"] for s in got}) == 2 and os.getpid() not in {s["pid"] for s in got}
 
@@ -60,7 +63,7 @@ def test_workers_sharing_a_child_run_in_threads_whose_draws_are_routed():
     got = list(ThreadDataLoader(_WhereItRuns(), batch_size=None, num_workers=4, worker_processes=2,
                                 multiprocessing_context=FORK))
     assert not any(s["main_thread"] for s in got)
-    assert all(s["modes"] >= 1 for s in got)  # each thread's own generators (worker/rng.py)
+    assert all(s["routed"] and s["modes"] == 0 for s in got)  # each thread's own generators (worker/rng.py)
     assert len({s["pid"] for s in got}) == 2
 
 

@@ -8,7 +8,9 @@ numbers through the global API, and the training loop's RNG is never touched.
 from __future__ import annotations
 
 import functools
+import inspect
 import os
+import pickle
 import random
 import subprocess
 import sys
@@ -19,6 +21,8 @@ import time
 import numpy as np
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 from torch.utils.data import DataLoader, Dataset
 
 from threadloader import ThreadDataLoader, worker
@@ -276,35 +280,92 @@ def test_compiled_random_step_unaffected_by_running_workers(backend):
     assert _same(with_workers, alone)
 
 
-def test_fullgraph_compile_of_rand_still_works():
-    @torch.compile(backend="eager", fullgraph=True)
-    def f(x):
-        return x + torch.rand(3)
+def _graph_recorder():
+    """A torch.compile backend that runs the graph as it is and keeps the targets it calls."""
+    targets = []
 
+    def backend(gm, example_inputs):
+        targets.extend(n.target for n in gm.graph.nodes if n.op in ("call_function", "call_method"))
+        return gm.forward
+
+    return backend, targets
+
+
+def test_fullgraph_compile_of_random_ops_outside_workers_keeps_torchs_operators():
+    backend, targets = _graph_recorder()
+
+    def f(x):
+        y = torch.empty(3)
+        y.uniform_()
+        return x + torch.rand(3) + y + torch.randint(0, 5, (3,))
+
+    compiled = torch.compile(f, backend=backend, fullgraph=True)
     torch.manual_seed(0)
-    a = f(torch.zeros(3))
+    a = compiled(torch.zeros(3))
     torch.manual_seed(0)
-    assert torch.equal(a, torch.rand(3))
+    assert torch.equal(a, f(torch.zeros(3)))
+    # torch's own functions in the graph, not the wrappers bound at torch.rand...
+    assert {torch._C._VariableFunctions.rand, torch._C._VariableFunctions.randint, "uniform_"} <= set(targets)
+    assert not any(getattr(t, "__module__", None) == _rng.__name__ for t in targets)
+
+
+_IMPORT_ORDER_SCRIPT = """
+import sys, torch
+from torch import randn as bound_early  # torch's own, bound before the routing
+if sys.argv[1] == "dynamo_first":
+    import torch._dynamo
+import threadloader.worker.info  # installs the routing
+assert torch.rand is not torch._C._VariableFunctions.rand
+targets = []
+def backend(gm, example_inputs):
+    targets.extend(n.target for n in gm.graph.nodes if n.op in ("call_function", "call_method"))
+    return gm.forward
+@torch.compile(backend=backend, fullgraph=True)
+def f(x):
+    y = torch.empty(3)
+    torch.nn.init.normal_(y)
+    return x + torch.rand(3) + bound_early(3) + y
+f(torch.zeros(3))
+VF = torch._C._VariableFunctions
+assert {VF.rand, VF.randn, "normal_"} <= set(targets), targets
+with torch.device("meta"):  # torch's factory functions still take the context's device
+    assert {torch.rand(2).device.type, torch.randn(2).device.type, torch.randint(3, (2,)).device.type} == {"meta"}
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("order", ["dynamo_first", "dynamo_after"])
+def test_compile_and_device_contexts_whatever_the_import_order(order):
+    # Dynamo reads torch's functions by name when it is imported, and torch
+    # builds its table of factory functions on first use: both before and
+    # after the routing takes the names, they must keep torch's own.
+    out = subprocess.run([sys.executable, "-c", _IMPORT_ORDER_SCRIPT, order], capture_output=True, text=True,
+                         timeout=600)
+    assert out.stdout.split() == ["ok"], out.stderr[-3000:]
 
 
 # --- the routing itself ----------------------------------------------------------------
 
 def _in_worker(fn, base_seed=100, worker_id=1):
-    """Run ``fn`` in a fresh thread made a worker; return its result."""
+    """Run ``fn`` in a fresh thread made a worker; return its result (or raise what it raised)."""
     out = {}
 
     def body():
         worker.enter_worker(worker_id, worker_id + 1, base_seed, None)
         try:
+            out["modes"] = torch._C._len_torch_function_stack()
             out["value"] = fn()
+        except BaseException as e:  # re-raised in the calling thread
+            out["error"] = e
         finally:
             worker.leave_worker()
-            out["after"] = torch._C._len_torch_function_stack()
 
     t = threading.Thread(target=body)
     t.start()
     t.join()
-    assert out["after"] == 0  # the mode is popped when the thread leaves
+    if "error" in out:
+        raise out["error"]
+    assert out["modes"] == 0  # the routing pushes no torch function mode
     return out["value"]
 
 
@@ -338,6 +399,20 @@ _TORCH_SAMPLERS = {
     "cauchy_": lambda g=None: torch.empty(3).cauchy_(generator=g),
     "nn.init.normal_": lambda g=None: torch.nn.init.normal_(torch.empty(3), generator=g),
     "nn.init.kaiming_uniform_": lambda g=None: torch.nn.init.kaiming_uniform_(torch.empty(2, 3), generator=g),
+    "nn.init.orthogonal_": lambda g=None: torch.nn.init.orthogonal_(torch.empty(3, 3), generator=g),
+    "nn.init.trunc_normal_": lambda g=None: torch.nn.init.trunc_normal_(torch.empty(3), generator=g),
+    "binomial": lambda g=None: torch.binomial(torch.full((3,), 10.0), torch.full((3,), 0.5), generator=g),
+    "_standard_gamma": lambda g=None: torch._standard_gamma(torch.full((3,), 2.0), generator=g),
+    "_sample_dirichlet": lambda g=None: torch._sample_dirichlet(torch.ones(2, 3), generator=g),
+    "rrelu": lambda g=None: torch.rrelu(-torch.ones(3), 0.1, 0.3, True, generator=g),
+    "rrelu_": lambda g=None: torch.rrelu_(-torch.ones(3), 0.1, 0.3, True, generator=g),
+    "F.rrelu_": lambda g=None: torch.nn.functional.rrelu_(-torch.ones(3), 0.1, 0.3, True, generator=g),
+    "_nn.rrelu_with_noise": lambda g=None: torch._C._nn.rrelu_with_noise(-torch.ones(3), torch.empty(3), 0.1, 0.3,
+                                                                         True, generator=g),
+    "_nn.rrelu_with_noise_": lambda g=None: torch._C._nn.rrelu_with_noise_(-torch.ones(3), torch.empty(3), 0.1,
+                                                                           0.3, True, generator=g),
+    "Tensor.bernoulli": lambda g=None: torch.full((5,), 0.5).bernoulli(generator=g),
+    "Tensor.multinomial": lambda g=None: torch.ones(6).multinomial(3, generator=g),
     "distributions.Normal": lambda g=None: (
         torch.distributions.Normal(0.0, 1.0).sample((3,)) if g is None else torch.normal(0.0, 1.0, (3,), generator=g)
     ),
@@ -352,6 +427,183 @@ def test_torch_samplers_without_generator_use_the_workers(name):
     g = _reference()
     assert _same(got, (sampler(g), sampler(g)))
     assert torch.equal(torch.get_rng_state(), main_state)  # the main generator never moved
+
+
+#: Operators with no CPU kernel: they are wrapped, but only a CUDA tensor can call them (left to CUDA's generator).
+_CUDA_ONLY = {"_fused_dropout"}
+
+
+def _sampler_for(wrapper) -> str:
+    """The entry of ``_TORCH_SAMPLERS`` that exercises the operator ``wrapper`` stands for."""
+    module, qualname = wrapper.__module__, wrapper.__qualname__
+    if qualname.startswith("Tensor."):
+        name = qualname[len("Tensor."):]
+        return name if name.endswith("_") else qualname
+    return {"torch": "", "torch._C._nn": "_nn.", "torch.nn.functional": "F."}[module] + qualname
+
+
+def _attributes():
+    """Every attribute of the namespaces the routing may touch, as they are now."""
+    return {ns: dict(vars(ns)) for ns in (torch, torch.Tensor, torch._C._nn, torch.nn.functional, torch.special)}
+
+
+def test_every_operator_taking_a_generator_is_wrapped_where_it_is_looked_up():
+    _rng.uninstall()
+    try:
+        ops = _rng._functions_taking_generator()
+        before = _attributes()
+    finally:
+        _rng.install()
+    after = _attributes()
+    operators = {op for op in ops if not inspect.isfunction(op)}
+    assert len(ops) >= 40
+    assert operators <= {orig for _ns, _name, _own, orig, _w in _rng._wrapped_ops}
+    # The Python functions (nn.init's) hand their generator to these operators.
+    assert {op.__module__ for op in ops - operators} <= {"torch.nn.init", "torch.nn.functional"}
+    # Only the random operators changed, each to its wrapper; nothing else (x.add...) did.
+    changed = {(ns, name) for ns in after for name in set(before[ns]) | set(after[ns])
+               if before[ns].get(name, None) is not after[ns].get(name, None)}
+    assert changed == {(ns, name) for ns, name, _own, _orig, _w in _rng._wrapped_ops}
+    for ns, name, _own, orig, wrapper in _rng._wrapped_ops:
+        assert getattr(ns, name) is wrapper and wrapper.__wrapped__ is orig
+        assert wrapper.__name__ == name and wrapper.__doc__ == orig.__doc__
+        assert _sampler_for(wrapper) in _TORCH_SAMPLERS or name in _CUDA_ONLY, wrapper.__qualname__
+    assert torch.add is torch._C._VariableFunctions.add and torch.Tensor.add is torch._C.TensorBase.add
+
+
+def test_torch_calls_in_a_worker_run_without_a_function_mode():
+    from threadloader._platform import torch_compat as _torch_compat
+
+    class Probe(torch.overrides.TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.seen.append((func, tuple(kwargs or ())))
+            return func(*args, **(kwargs or {}))
+
+    def body():
+        x = torch.zeros(8)
+        modes = [_torch_compat.top_function_mode()]
+        x.add(1).mul(2).sum()
+        torch.rand(2)
+        modes.append(_torch_compat.top_function_mode())
+        with Probe() as probe:
+            x.add(1)
+            torch.rand(2)
+        return modes, probe.seen
+
+    modes, seen = _in_worker(body)
+    assert modes == [None, None]
+    # A mode of the user's sees the calls as torch's own: the random op with the worker's generator.
+    assert seen[0] == (torch.Tensor.add, ())
+    assert seen[1] == (torch._C._VariableFunctions.rand, ("generator",))
+
+
+_SIZED = {
+    "rand": lambda n, g=None: torch.rand(n, generator=g),
+    "randn": lambda n, g=None: torch.randn(n, 2, generator=g),
+    "randint": lambda n, g=None: torch.randint(0, 100, (n,), generator=g),
+    "randperm": lambda n, g=None: torch.randperm(n + 1, generator=g),
+    "normal": lambda n, g=None: torch.normal(torch.zeros(n), torch.ones(n), generator=g),
+    "bernoulli": lambda n, g=None: torch.bernoulli(torch.full((n,), 0.3), generator=g),
+    "multinomial": lambda n, g=None: torch.multinomial(torch.ones(n + 1), 1, generator=g),
+    "poisson": lambda n, g=None: torch.poisson(torch.full((n,), 3.0), generator=g),
+    "randn_like": lambda n, g=None: torch.randn_like(torch.zeros(n), generator=g),
+    "uniform_": lambda n, g=None: torch.empty(n).uniform_(-1, 1, generator=g),
+    "normal_": lambda n, g=None: torch.empty(n, 2).normal_(generator=g),
+    "random_": lambda n, g=None: torch.empty(n).random_(0, 50, generator=g),
+    "exponential_": lambda n, g=None: torch.empty(n).exponential_(generator=g),
+    "Parameter.uniform_": lambda n, g=None: torch.nn.Parameter(torch.empty(n), False).uniform_(generator=g),
+    "nn.init.xavier_uniform_": lambda n, g=None: torch.nn.init.xavier_uniform_(torch.empty(n, 3), generator=g),
+}
+
+
+@given(st.sampled_from(sorted(_SIZED)), st.integers(1, 6), st.integers(0, 2**31))
+def test_a_workers_draws_are_those_of_its_seeded_generator(name, n, seed):
+    op = _SIZED[name]
+    got = _in_worker(lambda: (op(n), op(n)), base_seed=seed, worker_id=0)
+    g = torch.Generator().manual_seed(seed)
+    assert _same(got, (op(n, g), op(n, g)))
+
+
+#: Draws made inside torch's Python code, which takes no generator: in a worker
+#: they must be those of a worker process, whose global generator is seeded so.
+_AS_IN_A_PROCESS = {
+    "F.rrelu": lambda: torch.nn.functional.rrelu(-torch.ones(4), training=True),
+    "F.gumbel_softmax": lambda: torch.nn.functional.gumbel_softmax(torch.zeros(2, 5)),
+    "nn.init.sparse_": lambda: torch.nn.init.sparse_(torch.empty(6, 3), 0.5),
+    "nn.Linear": lambda: torch.nn.Linear(3, 2).weight.detach(),
+    "Gamma": lambda: torch.distributions.Gamma(2.0, 1.0).sample((3,)),
+    "Dirichlet": lambda: torch.distributions.Dirichlet(torch.ones(3)).sample(),
+    "Categorical": lambda: torch.distributions.Categorical(logits=torch.zeros(4)).sample((5,)),
+    "Bernoulli": lambda: torch.distributions.Bernoulli(0.3).sample((4,)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_AS_IN_A_PROCESS))
+def test_torchs_python_samplers_in_a_worker_draw_as_in_a_worker_process(name):
+    fn = _AS_IN_A_PROCESS[name]
+    got = _in_worker(lambda: (fn(), fn()))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(101)  # the worker's seed: base_seed + worker_id
+        want = fn(), fn()
+    assert _same(got, want)
+
+
+def test_dropout_in_a_worker_draws_from_the_process_generator():
+    # As docs/randomness.md says: dropout draws inside torch's C++ code, where no wrapper is.
+    torch.manual_seed(9)
+    got, worker_moved = _in_worker(lambda: (torch.nn.functional.dropout(torch.ones(16), 0.5, training=True),
+                                            not torch.equal(torch.get_rng_state(), _reference().get_state())))
+    torch.manual_seed(9)
+    assert torch.equal(got, torch.nn.functional.dropout(torch.ones(16), 0.5, training=True))
+    assert not worker_moved
+
+
+def test_outside_workers_the_wrappers_draw_as_torchs_own():
+    _rng.uninstall()
+    try:
+        want = {}
+        for name, sampler in _TORCH_SAMPLERS.items():
+            torch.manual_seed(7)
+            want[name] = sampler()
+        want_state = torch.get_rng_state()
+    finally:
+        _rng.install()
+    for name, sampler in _TORCH_SAMPLERS.items():
+        torch.manual_seed(7)
+        assert _same(sampler(), want[name]), name
+    assert torch.equal(torch.get_rng_state(), want_state)
+
+
+def test_torchscript_compiles_the_wrapped_operators():
+    def f(x):
+        return x + torch.rand(3) + torch.randint(0, 5, (3,)) + torch.normal(0.0, 1.0, (3,))
+
+    def g(x):
+        return x.uniform_() + torch.nn.functional.rrelu_(x.clone(), 0.1, 0.3, True)
+
+    for fn in (f, g):
+        scripted = torch.jit.script(fn)
+        torch.manual_seed(3)
+        a = scripted(torch.zeros(3))
+        torch.manual_seed(3)
+        assert torch.equal(a, fn(torch.zeros(3)))
+    assert "aten::rand" in str(torch.jit.script(f).graph)
+    scripted = torch.jit.script(f)
+    got = _in_worker(lambda: scripted(torch.zeros(3)))  # TorchScript calls the operators, not Python
+    assert got.shape == (3,)
+
+
+def test_wrappers_pickle_as_the_functions_they_replace():
+    for fn in (torch.rand, torch.randint, torch.Tensor.uniform_, torch.nn.Parameter.normal_,
+               torch._C._nn.rrelu_with_noise, torch.nn.functional.rrelu_):
+        assert pickle.loads(pickle.dumps(fn)) is fn
+    assert (torch.rand.__name__, torch.rand.__module__, torch.rand.__qualname__) == ("rand", "torch", "rand")
+    assert torch.Tensor.uniform_.__qualname__ == "Tensor.uniform_"
+    assert torch.rand.__doc__ == torch._C._VariableFunctions.rand.__doc__
 
 
 def test_explicit_generator_and_other_devices_are_left_alone():
@@ -382,9 +634,24 @@ def test_routing_leaves_draws_on_other_devices_to_their_generators(call):
     args = tuple(other if a == "other" else a for a in args)
     kwargs = {k: other if v == "other" else v for k, v in kwargs.items()}
     mine = torch.Generator()
-    routed = _rng._RouteRandomOps(mine, frozenset())._with_generator(args, kwargs)
+    routed = _rng._with_generator(mine, args, dict(kwargs))
     expect_cpu = kwargs.get("device") == "cpu"
-    assert (routed or {}).get("generator") is (mine if expect_cpu else None)
+    assert routed.get("generator") is (mine if expect_cpu else None)
+
+
+def test_factory_draws_under_a_device_context_in_a_worker_follow_its_device():
+    # ``with torch.device(...)`` is a function mode: it gives factory calls
+    # without a device its device, where a CPU generator would be an error.
+    def body():
+        zeros = torch.zeros(2)
+        with torch.device("meta"):
+            meta = torch.rand(3), torch.randn(2), torch.randint(0, 5, (2,)), torch.randperm(4)
+            cpu_like = torch.rand_like(zeros)  # a CPU tensor's draw stays the worker's
+        return [t.device.type for t in meta], cpu_like
+
+    devices, cpu_like = _in_worker(body)
+    assert devices == ["meta"] * 4
+    assert torch.equal(cpu_like, torch.rand_like(torch.zeros(2), generator=_reference()))
 
 
 def test_torch_seed_functions_in_a_worker():
@@ -480,14 +747,34 @@ def test_routing_is_invisible_in_the_main_thread():
 
 
 def test_uninstall_restores_and_reinstall_routes_again():
+    from threadloader._platform import torch_compat as _torch_compat
+
+    VF = torch._C._VariableFunctions
+    wrappers = [w for *_, w in _rng._wrapped_ops]
     try:
         _rng.uninstall()
         assert random.random.__self__ is random._inst
         assert np.random.rand.__self__ is np.random.mtrand._rand
         assert "_threadloader_worker_rng" not in torch.manual_seed.__code__.co_names
+        assert torch.rand is VF.rand and torch.randint is VF.randint and torch.normal is VF.normal
+        assert "uniform_" not in torch.Tensor.__dict__ and torch.Tensor.uniform_ is torch._C.TensorBase.uniform_
+        assert torch.nn.functional.rrelu_ is VF.rrelu_ and inspect.isbuiltin(torch._C._nn.rrelu_with_noise)
+        assert not _rng._wrapped_ops
+        assert all(_torch_compat.script_builtin(w) is None for w in wrappers)
+        assert _torch_compat.script_builtin(torch.rand) == "aten::rand"
+        scripted = torch.jit.script(_scripted_rand)  # TorchScript knows torch's own again
+        assert scripted().shape == (2,)
+        assert _in_worker(lambda: torch.rand(2)).shape == (2,)
     finally:
         _rng.install()
     assert _rng.installed() and getattr(random.random, "__wrapped__", None) is not None
+    assert torch.rand.__wrapped__ is VF.rand and torch.Tensor.__dict__["uniform_"].__wrapped__ is \
+        torch._C.TensorBase.uniform_
+    assert torch.equal(_in_worker(lambda: torch.rand(2)), torch.rand(2, generator=_reference()))
+
+
+def _scripted_rand():
+    return torch.rand(2)
 
 
 def test_rng_overhead_example_smoke(capsys):
@@ -504,14 +791,11 @@ def test_rng_overhead_example_smoke(capsys):
     assert _rng.installed() and getattr(random.random, "__wrapped__", None) is not None
 
 
-def test_frame_collate_runs_outside_the_routing_mode_and_keeps_it() -> None:
-    # threadloader's own kernels skip the per-call hook; user code in the same
-    # worker still gets its draws routed afterwards.
-    import numpy as np
-
-    from threadloader import Frame, ThreadDataLoader, frame_collate
+def test_frame_collate_in_a_worker_runs_without_a_function_mode_and_draws_stay_routed() -> None:
+    # threadloader's own kernels and the user's draws in the same worker: no
+    # function mode anywhere, and the draws are still the worker's.
+    from threadloader import Frame, frame_collate
     from threadloader._platform import torch_compat as _torch_compat
-    from threadloader.worker import rng as _rng
 
     seen = []
 
@@ -523,20 +807,18 @@ def test_frame_collate_runs_outside_the_routing_mode_and_keeps_it() -> None:
             return Frame(np.full((4, 4, 3), i, np.uint8))
 
     def collate(batch):
-        seen.append(type(_torch_compat.top_function_mode()).__name__)
-        with _rng.routing_suspended():
-            seen.append(_torch_compat.top_function_mode())
+        seen.append(_torch_compat.top_function_mode())
         out = frame_collate(batch)
-        seen.append(type(_torch_compat.top_function_mode()).__name__)
+        seen.append(_torch_compat.top_function_mode())
         return out, torch.rand(1)
 
-    got = list(ThreadDataLoader(Probe(), batch_size=2, num_workers=1, collate_fn=collate, generator=torch.Generator().manual_seed(3)))
-    want = list(torch.utils.data.DataLoader(Probe(), batch_size=2, num_workers=1, collate_fn=lambda b: (frame_collate(b), torch.rand(1)),
-                                            generator=torch.Generator().manual_seed(3)))
-    assert seen[:3] == ["_RouteRandomOps", None, "_RouteRandomOps"]
+    got = list(ThreadDataLoader(Probe(), batch_size=2, num_workers=1, collate_fn=collate,
+                                generator=torch.Generator().manual_seed(3)))
+    want = list(DataLoader(Probe(), batch_size=2, num_workers=1, collate_fn=lambda b: (frame_collate(b), torch.rand(1)),
+                           generator=torch.Generator().manual_seed(3)))
+    assert seen == [None] * 4
     assert [g[1].item() for g in got] == [w[1].item() for w in want]
-    with _rng.routing_suspended():  # outside workers: nothing to set aside
-        assert _torch_compat.top_function_mode() is None
+    assert all(torch.equal(g[0], w[0]) for g, w in zip(got, want))
 
 
 def _check_random_state_none():
@@ -655,7 +937,7 @@ def test_importing_threadloader_does_not_import_dynamo():
 
 @pytest.mark.parametrize("worker_processes", [0, 1])
 def test_torch_compiled_random_function_in_workers_matches_dataloader(worker_processes):
-    # Dynamo traces the routing mode's hook for every op of the compiled function.
+    # The eager backend's graph calls torch.rand by name: the wrapper there routes it.
     def batches(cls, **kw):
         return list(cls(_CompiledDraws(), batch_size=None, num_workers=2,
                         generator=torch.Generator().manual_seed(3), **kw))
@@ -669,3 +951,19 @@ def test_torch_compiled_random_function_in_workers_matches_dataloader(worker_pro
         # the forkserver starts clean.
         kw["multiprocessing_context"] = "forkserver"
     assert _same(batches(ThreadDataLoader, **kw), batches(DataLoader))
+
+
+@pytest.mark.parametrize("fullgraph", [False, True])
+def test_compiled_random_ops_in_a_worker(fullgraph):
+    # As docs/randomness.md says: the eager backend's graph routes (it calls
+    # torch.rand by name); aot_eager's and inductor's call torch's operators,
+    # which draw from the process-wide generator. Neither is refused.
+    def aug(x):
+        return (x * 2).sin() + torch.rand(3)
+
+    for backend, routed in (("eager", True), ("aot_eager", False)):
+        compiled = torch.compile(aug, backend=backend, fullgraph=fullgraph)
+        torch.manual_seed(5)
+        got = _in_worker(lambda: compiled(torch.zeros(3)))
+        g = _reference() if routed else torch.Generator().manual_seed(5)
+        assert torch.allclose(got, torch.zeros(3).sin() + torch.rand(3, generator=g)), backend

@@ -114,7 +114,7 @@ def test_aten_ops_taking_generator_are_the_random_ones():
     names = compat.aten_ops_taking_generator()
     assert {"normal", "randint", "randperm", "bernoulli", "multinomial", "rand"} <= names
     assert not {"add", "mul", "empty"} & names
-    # functions and methods a function mode sees are found through the namespaces
+    # the operators' functions and methods are found through the namespaces
     found = {getattr(ns, name, None) for ns in compat.OP_NAMESPACES for name in names}
     assert {torch.normal, torch.randint, torch.Tensor.bernoulli_, torch.Tensor.random_} <= found
 
@@ -233,3 +233,71 @@ def test_datapipe_worker_copy_is_the_whole_graph_anew_in_torchs_wrapper():
     assert copy._datapipe is not dataset._datapipe  # the pipes: a worker's own
     assert copy._datapipe.fn is dataset._datapipe.fn  # the lambda: shared, not pickled
     assert list(copy) == list(dataset) == [1, 2, 3, 4]
+
+
+def _stand_in(original):
+    def stand_in(*args, **kwargs):
+        return original(*args, **kwargs)
+
+    return stand_in
+
+
+def test_compile_as_makes_dynamo_trace_the_original():
+    stand_in = _stand_in(torch._C._VariableFunctions.randn)
+    compat.compile_as(stand_in, torch._C._VariableFunctions.randn)
+    targets = []
+
+    def backend(gm, example_inputs):
+        targets.extend(n.target for n in gm.graph.nodes if n.op == "call_function")
+        return gm.forward
+
+    @torch.compile(backend=backend, fullgraph=True)
+    def f(x):
+        return x + stand_in(3)
+
+    torch.manual_seed(0)
+    a = f(torch.zeros(3))
+    torch.manual_seed(0)
+    assert torch.equal(a, torch.randn(3))
+    assert torch._C._VariableFunctions.randn in targets and stand_in not in targets
+
+
+def test_script_builtin_registration_round_trip():
+    stand_in = _stand_in(torch._C._VariableFunctions.rand)
+    assert compat.script_builtin(stand_in) is None
+    assert compat.script_builtin(torch._C._VariableFunctions.rand) == "aten::rand"
+    compat.register_script_builtin(stand_in, "aten::rand")
+    try:
+        assert compat.script_builtin(stand_in) == "aten::rand"
+
+        def f():
+            return stand_in(2)
+
+        assert torch.jit.script(f)().shape == (2,)
+    finally:
+        compat.unregister_script_builtin(stand_in)
+    assert compat.script_builtin(stand_in) is None
+    compat.unregister_script_builtin(stand_in)  # nothing to undo: no error
+
+
+def test_pin_function_tables_keeps_torchs_own_functions():
+    from torch.utils import _device
+
+    compat.pin_function_tables()
+    assert torch._C._VariableFunctions.randn in _device._device_constructors()
+    assert torch._C._VariableFunctions.bernoulli in set().union(*torch.overrides._get_overridable_functions()[0].values())
+
+
+def test_context_device_type():
+    assert compat.context_device_type() is None and compat.function_mode_depth() == 0
+    with torch.device("meta"):
+        assert compat.context_device_type() == "meta" and compat.function_mode_depth() == 1
+
+        class Other(torch.overrides.TorchFunctionMode):
+            pass
+
+        with Other():  # the device context below another mode still counts
+            assert compat.context_device_type() == "meta"
+    with torch.device("cpu"):
+        assert compat.context_device_type() == "cpu"
+    assert compat.context_device_type() is None

@@ -32,6 +32,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 from torch._utils import ExceptionWrapper
+from torch.utils import _device as _device_mod
 from torch.utils.data import dataloader as _dl
 from torch.utils.data._utils import collate as _collate
 from torch.utils.data._utils import pin_memory as _pin
@@ -62,6 +63,13 @@ __all__ = [
     "set_worker_signal_handlers",
     "aten_ops_taking_generator",
     "OP_NAMESPACES",
+    "compile_as",
+    "register_script_builtin",
+    "unregister_script_builtin",
+    "script_builtin",
+    "pin_function_tables",
+    "context_device_type",
+    "function_mode_depth",
 ]
 
 #: torch's base iterator: draws the base seed, builds the sampler iterator,
@@ -384,7 +392,7 @@ TORCH_GET_WORKER_INFO: types.FunctionType = _worker.get_worker_info
 set_worker_signal_handlers: Callable[[], None] = _signal_handling._set_worker_signal_handlers
 
 
-# --- torch function modes (the worker-thread RNG routing is one) -------------------
+# --- torch's random ops (the worker-thread RNG routing wraps them) -----------------
 
 def aten_ops_taking_generator() -> set[str]:
     """The names (without ``aten::``) of torch's operators that take a ``Generator`` argument.
@@ -395,8 +403,99 @@ def aten_ops_taking_generator() -> set[str]:
             if schema.name.startswith("aten::") and any("Generator" in str(a.type) for a in schema.arguments)}
 
 
-#: Where torch's operators are Python callables a function mode sees (functions and methods).
+#: Where torch's operators are Python callables (functions and methods).
 OP_NAMESPACES: tuple[Any, ...] = (torch, torch.Tensor, torch._C._VariableFunctions, torch._C._nn, torch.special)
+
+
+def compile_as(wrapper: Callable[..., Any], original: Callable[..., Any]) -> None:
+    """Make ``torch.compile`` see ``original`` wherever it meets ``wrapper``.
+
+    Dynamo reads torch's functions by name (``torch.rand``...) into its table
+    of graph operators when it is first imported. Marked, ``wrapper`` leaves
+    ``original`` in that table whether Dynamo was imported before or after
+    ``wrapper`` took the name, and Dynamo traces ``original`` in its place.
+
+    Args:
+        wrapper: a Python function now bound where ``original`` was.
+        original: torch's own function or method.
+    """
+    # The attribute torch.compile's own wrappers carry: Dynamo unwraps it in
+    # its name table and when it meets the function in traced code.
+    wrapper._torchdynamo_inline = original  # type: ignore[attr-defined]
+
+
+def register_script_builtin(fn: Callable[..., Any], op: str) -> None:
+    """Make TorchScript compile a call of ``fn`` as the operator ``op`` (``"aten::rand"``).
+
+    Args:
+        fn: a Python function standing in for one of torch's operators.
+        op: the operator's qualified name.
+    """
+    from torch.jit import _builtins
+
+    _builtins._register_builtin(fn, op)
+
+
+def unregister_script_builtin(fn: Callable[..., Any]) -> None:
+    """Undo :func:`register_script_builtin` for ``fn`` (nothing if it is not registered).
+
+    Args:
+        fn: the function registered.
+    """
+    from torch.jit import _builtins
+
+    # The table is keyed by id(): a stale entry could name an unrelated object later.
+    _builtins._get_builtin_table().pop(id(fn), None)
+
+
+def script_builtin(fn: Callable[..., Any]) -> str | None:
+    """The operator TorchScript compiles a call of ``fn`` as.
+
+    Args:
+        fn: any callable.
+
+    Returns:
+        The operator's qualified name (``"aten::rand"``), or None for a function TorchScript compiles itself.
+    """
+    from torch.jit import _builtins
+
+    return _builtins._find_builtin(fn)
+
+
+def pin_function_tables() -> None:
+    """Build now torch's lazily built tables of its own functions.
+
+    torch builds some sets of its functions on first use by reading
+    ``torch.<name>``: the factory functions a ``torch.device`` context gives
+    its device to, and the functions ``__torch_function__`` can override. A
+    function mode receives torch's own functions, not what ``torch.<name>``
+    holds later; built before those names are rebound, the sets hold torch's own.
+    """
+    _device_mod._device_constructors()
+    torch.overrides._get_overridable_functions()
+
+
+#: The number of torch function modes active in the calling thread.
+function_mode_depth: Callable[[], int] = torch._C._len_torch_function_stack
+
+
+def context_device_type() -> str | None:
+    """The device type a ``torch.device(...)`` context gives the calling thread's factory calls, or None.
+
+    ``with torch.device("cuda"):`` and ``torch.set_default_device`` push a
+    function mode that adds that device to calls of ``torch.rand`` and the
+    like made without one.
+
+    Returns:
+        That device's type (``"cuda"``, ``"meta"``), or None when no such mode
+        is active (cheap then: one length check).
+    """
+    if not torch._C._len_torch_function_stack():
+        return None
+    for mode in reversed(torch.overrides._get_current_function_mode_stack()):
+        if isinstance(mode, _device_mod.DeviceContext):
+            return mode.device.type
+    return None
 
 
 def top_function_mode() -> Any:
@@ -407,8 +506,6 @@ def top_function_mode() -> Any:
 
 #: Remove and return the calling thread's innermost torch function mode.
 pop_function_mode: Callable[[], Any] = torch._C._pop_torch_function_stack
-#: Put a mode back on the calling thread's torch function mode stack.
-push_function_mode: Callable[[Any], None] = torch._C._push_on_torch_function_stack
 
 
 # --- DataPipes (torch.utils.data.datapipes) -------------------------------------

@@ -32,7 +32,6 @@ from .._platform.fork import renew_after_fork
 from ..stats import cpu as _cpu
 from ..worker import context as _context
 from ..worker.context import pin_memory_requested
-from ..worker.rng import routing_suspended
 from .buffers import host_pool
 
 __all__ = ["Frame", "frame_collate"]
@@ -211,13 +210,6 @@ def _scratch(shape: tuple[int, int, int, int]) -> torch.Tensor:
 
 
 def _collate_frames(batch: Any, *, collate_fn_map: Any = None, transform: Any = None) -> torch.Tensor:
-    # Draws no random numbers: skip the worker's RNG-routing mode, whose
-    # Python hook would otherwise run on each of the per-image torch calls.
-    with routing_suspended():
-        return _collate_frames_body(batch, transform)
-
-
-def _collate_frames_body(batch: Any, transform: Any) -> torch.Tensor:
     # The per-image loop is the serial part of a threaded loader (it holds the
     # GIL): no torch tensor is made per image except the resize's source, no
     # attribute lookups beyond the frame's state.

@@ -11,11 +11,13 @@ global API there while the thread is a worker:
   are Python functions: their code objects are swapped (every alias, e.g.
   ``torch.manual_seed`` and ``torch.random.manual_seed``, sees it). Outside a
   worker they run torch's original code.
-* torch's sampling functions and in-place samplers called without a generator
-  (``torch.rand``, ``Tensor.uniform_``, ``nn.init.normal_``...) get the worker's
-  generator injected by a ``TorchFunctionMode`` pushed in the worker thread
-  only. torch's mode stack is thread-local, so other threads -- the training
-  loop -- never see the mode and pay nothing.
+* torch's operators that draw random numbers (``torch.rand``, ``torch.normal``,
+  ``Tensor.uniform_``...) are replaced by Python wrappers where they are looked
+  up: ``torch``, ``torch.Tensor``, ``torch.nn.functional``, ``torch._C._nn``.
+  Called without a generator in a worker thread, a wrapper passes the worker's.
+  Elsewhere it calls torch's own at once. Other torch calls are not touched, so
+  they cost the same in every thread. ``nn.init``'s initialisers and
+  ``torch.distributions`` draw through these operators, so they follow.
 * ``random.<f>`` and the legacy ``numpy.random.<f>`` are bound methods of
   hidden singletons; the module attributes are replaced by functions that look
   up the calling context's instance (the singleton outside workers).
@@ -35,7 +37,6 @@ import threading
 from typing import Any, Callable, Iterable
 
 import torch
-from torch.overrides import TorchFunctionMode
 
 from .._platform import torch_compat as _torch_compat
 from .._platform.fork import renew_after_fork
@@ -63,7 +64,7 @@ class WorkerGenerators:
             ``WorkerInfo.rng.numpy_generator``; not used by the global API).
     """
 
-    __slots__ = ("torch", "random", "numpy_legacy", "numpy", "_mode")
+    __slots__ = ("torch", "random", "numpy_legacy", "numpy")
 
     def __init__(self, base_seed: int, worker_id: int) -> None:
         seed = base_seed + worker_id
@@ -76,7 +77,6 @@ class WorkerGenerators:
             self.numpy = _np.random.default_rng(state)
         else:  # pragma: no cover
             self.numpy_legacy = self.numpy = None
-        self._mode: TorchFunctionMode | None = None
 
 
 _WORKER: contextvars.ContextVar[WorkerGenerators | None] = contextvars.ContextVar(
@@ -118,10 +118,10 @@ def is_numpy_generator(value: Any) -> bool:
     return type(value) is not _RoutedRandomState and value is not _NP_SINGLETON
 
 
-# --- torch functions without a generator argument --------------------------------
+# --- torch's random operators ------------------------------------------------------
 
 def _functions_taking_generator() -> frozenset:
-    """Every torch callable a TorchFunctionMode can see that accepts ``generator=``."""
+    """Every torch callable that accepts ``generator=`` (operators, ``nn.init``'s and ``F``'s functions)."""
     found = set()
     # Generator methods, not samplers.
     for name in _torch_compat.aten_ops_taking_generator() - {"manual_seed", "seed", "initial_seed"}:
@@ -129,9 +129,8 @@ def _functions_taking_generator() -> frozenset:
             fn = getattr(ns, name, None)
             if callable(fn):
                 found.add(fn)
-    # Python-level functions that dispatch through __torch_function__ and take
-    # a generator (nn.init's initialisers): the mode sees them, not the draws
-    # they make inside, so the generator has to go in at this level.
+    # Python functions that take a generator and pass it on to the operators
+    # (nn.init's initialisers): listed so tests can check they are routed too.
     for ns in (torch.nn.init, torch.nn.functional):
         for name in dir(ns):
             fn = getattr(ns, name)
@@ -145,57 +144,133 @@ def _functions_taking_generator() -> frozenset:
     return frozenset(found)
 
 
-def _has_tensor_off_cpu(values: Iterable[Any]) -> bool:
-    return any(isinstance(v, torch.Tensor) and v.device.type != "cpu" for v in values)
+#: Modules whose attributes are torch's operators, with the name pickle finds them under.
+_OP_MODULES: tuple[tuple[Any, str], ...] = (
+    (torch, "torch"),
+    (torch.special, "torch.special"),
+    (torch.nn.functional, "torch.nn.functional"),
+    (torch._C._nn, "torch._C._nn"),
+)
+
+
+def _op_sites(ops: Iterable[Any]) -> list[tuple[Any, str, str, str]]:
+    """Where the operators in ``ops`` are looked up.
+
+    Module attributes that are the operator itself, and ``torch.Tensor``'s
+    attribute for methods (inherited from ``TensorBase``; set on
+    ``torch.Tensor`` it shadows that for every tensor class). Python
+    functions in ``ops`` are skipped: they call the operators.
+
+    Args:
+        ops: callables, as :func:`_functions_taking_generator` lists them.
+
+    Returns:
+        ``(namespace, attribute, module, qualname)`` per site, ``module`` and
+        ``qualname`` naming the site as pickle finds it (``torch``, ``Tensor.uniform_``).
+    """
+    sites = []
+    for fn in ops:
+        name = getattr(fn, "__name__", None)
+        if name is None or inspect.isfunction(fn):
+            continue  # Python functions reach the operators themselves
+        if getattr(torch.Tensor, name, None) is fn:
+            sites.append((torch.Tensor, name, "torch", "Tensor." + name))
+            continue
+        for ns, module in _OP_MODULES:
+            if vars(ns).get(name) is fn:
+                sites.append((ns, name, module, name))
+    sites.sort(key=lambda site: (site[2], site[3]))
+    return sites
+
+
+_Tensor = torch.Tensor
+_Generator = torch.Generator
+_mode_depth = _torch_compat.function_mode_depth
+#: Argument types that are neither tensors nor generators (sizes, bounds): skipped at once.
+_PLAIN = frozenset({int, float, bool, tuple, list, torch.Size})
+
+
+def _with_generator(generator: torch.Generator, args: tuple, kwargs: dict) -> dict:
+    """``kwargs`` with ``generator`` added where the call would draw from the CPU's global generator.
+
+    ``kwargs`` is the wrapper's own dict: it is changed in place and returned.
+
+    Left alone: a call given a generator (by keyword or by position, as
+    ``torch.poisson`` takes it), a device other than the CPU, a tensor off the
+    CPU (by position or by keyword: ``torch.normal(mean=cuda_tensor, std=1.)``)
+    without a device, and a factory call under ``with torch.device("cuda")``.
+    There the draw runs on another device, where a CPU generator is an error.
+    """
+    device = None
+    if kwargs:
+        if kwargs.get("generator") is not None:
+            return kwargs
+        device = kwargs.get("device")
+    tensors = False
+    # Plain loops and type lookups first: this runs on every random op of a worker.
+    for arg in args:
+        kind = type(arg)
+        if kind in _PLAIN:
+            continue
+        if kind is _Generator:
+            return kwargs
+        if isinstance(arg, _Tensor):
+            if device is None and not arg.is_cpu:
+                return kwargs
+            tensors = True
+    if device is not None:
+        if torch.device(device).type != "cpu":
+            return kwargs  # CUDA draws stay on the device's global generator
+    else:
+        if kwargs:
+            for value in kwargs.values():
+                if isinstance(value, _Tensor):
+                    if not value.is_cpu:
+                        return kwargs
+                    tensors = True
+        if not tensors and _mode_depth() and _torch_compat.context_device_type() not in (None, "cpu"):
+            return kwargs  # the device context gives the factory call its device
+    kwargs["generator"] = generator
+    return kwargs
 
 
 #: False when called, True while torch.compile traces the call (Dynamo folds it).
 _dynamo_compiling = torch.compiler.is_dynamo_compiling
 
 
-class _RouteRandomOps(TorchFunctionMode):
-    """Injects the worker's generator into random ops called without one (CPU only)."""
+def _routing(original: Callable, name: str, module: str, qualname: str) -> Callable:
+    """A function that calls ``original``, with the worker's generator where a worker thread gave none.
 
-    def __init__(self, generator: torch.Generator, takes_generator: frozenset) -> None:
-        super().__init__()
-        self.generator = generator
-        self.takes_generator = takes_generator
+    Args:
+        original: torch's operator (function or ``TensorBase`` method).
+        name: its name.
+        module: the module the wrapper is bound in (``torch``), for pickle.
+        qualname: its path there (``rand``, ``Tensor.uniform_``), for pickle.
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        # Runs for every torch call in the worker thread: the common path is
-        # one constant call, one set lookup and the call.
-        if _dynamo_compiling():
-            # torch.compile traces this body for every op of a compiled
-            # function; it cannot trace the whole set (InternalTorchDynamoError),
-            # only the few functions of one name. A random op given our
-            # generator breaks the graph (a generator is no graph input): it
-            # runs eagerly, routed like any other; the rest stays compiled.
-            takes = func in _TAKES_GENERATOR_BY_NAME.get(getattr(func, "__name__", None), ())
-        else:
-            takes = func in self.takes_generator
-        if takes:
-            kwargs = self._with_generator(args, kwargs)
-        if kwargs:
-            return func(*args, **kwargs)
-        return func(*args)
+    Returns:
+        The wrapper.
+    """
+    compiling = _dynamo_compiling
+    current = _WORKER.get
 
-    def _with_generator(self, args: tuple, kwargs: dict | None) -> dict | None:
-        if kwargs and kwargs.get("generator") is not None:
-            return kwargs
-        for arg in args:  # a few ops take the generator positionally (torch.poisson)
-            if isinstance(arg, torch.Generator):
-                return kwargs
-        device = kwargs.get("device") if kwargs else None
-        if device is not None:
-            if torch.device(device).type != "cpu":
-                return kwargs  # CUDA draws stay on the device's global generator
-        elif _has_tensor_off_cpu(args) or (kwargs and _has_tensor_off_cpu(kwargs.values())):
-            # The draw runs where its tensors are, by position or by keyword
-            # (torch.normal(mean=cuda_tensor, std=1.)): a CPU generator there is an error.
-            return kwargs
-        kwargs = dict(kwargs) if kwargs else {}
-        kwargs["generator"] = self.generator
-        return kwargs
+    def routed(*args, **kwargs):
+        # torch.compile traces ``original`` in the wrapper's place (compile_as);
+        # were it to trace the wrapper, this keeps torch's operator in the graph.
+        if compiling():
+            return original(*args, **kwargs)
+        # Reads a context variable, writes nothing shared: thread-safe without the GIL.
+        gens = current()
+        if gens is None:
+            return original(*args, **kwargs)
+        return original(*args, **_with_generator(gens.torch, args, kwargs))
+
+    routed.__name__ = name
+    routed.__qualname__ = qualname
+    routed.__module__ = module
+    routed.__doc__ = getattr(original, "__doc__", None)
+    routed.__wrapped__ = original
+    _torch_compat.compile_as(routed, original)
+    return routed
 
 
 # --- torch.random's Python functions (their code runs with torch.random's globals) ----
@@ -363,12 +438,14 @@ def _numpy_special(name: str, original: Callable) -> Callable:
 _lock = threading.Lock()
 renew_after_fork(__name__, "_lock")
 _installed = False
-_TAKES_GENERATOR: frozenset = frozenset()
-#: The same, by ``__name__`` (what torch.compile can trace).
-_TAKES_GENERATOR_BY_NAME: dict[str, frozenset] = {}
 #: (namespace, attribute, original) for every replaced module attribute.
 _replaced: list[tuple[Any, str, Any]] = []
+#: (namespace, attribute, whether the namespace had the attribute itself, original, wrapper) per operator.
+_wrapped_ops: list[tuple[Any, str, bool, Any, Callable]] = []
 _torch_code: dict[str, Any] = {}
+#: Functions :func:`uninstall` took out, kept alive: torch.compile keeps tables keyed by id()
+#: (NumPy's functions, read while ours stood in for them), and a new object must not take such an id.
+_retired: list[Callable] = []
 
 
 def installed() -> bool:
@@ -396,6 +473,36 @@ def _swap_torch_functions() -> None:
     mod._threadloader_worker_rng = _WORKER.get
     for name, replacement in _TORCH_SWAPS.items():
         getattr(mod, name).__code__ = replacement.__code__
+
+
+def _wrap_random_ops() -> None:
+    """Bind a routing wrapper at every place torch's random operators are looked up."""
+    # Before the names change: torch's tables read them once, and must keep its own functions.
+    _torch_compat.pin_function_tables()
+    for ns, name, module, qualname in _op_sites(_functions_taking_generator()):
+        own = name in vars(ns)
+        original = getattr(ns, name)
+        wrapper = _routing(original, name, module, qualname)
+        if ns is not torch.Tensor:
+            # TorchScript compiles torch's functions by identity: the wrapper is
+            # the same operator (its original stays registered for uninstall).
+            op = _torch_compat.script_builtin(original) or "aten::" + name
+            _torch_compat.register_script_builtin(original, op)
+            _torch_compat.register_script_builtin(wrapper, op)
+        _wrapped_ops.append((ns, name, own, original, wrapper))
+        setattr(ns, name, wrapper)
+
+
+def _unwrap_random_ops() -> None:
+    """Put back what :func:`_wrap_random_ops` replaced, exactly as it was."""
+    while _wrapped_ops:
+        ns, name, own, original, wrapper = _wrapped_ops.pop()
+        if own:
+            setattr(ns, name, original)
+        else:
+            delattr(ns, name)  # inherited again (torch.Tensor from TensorBase)
+        _torch_compat.unregister_script_builtin(wrapper)
+        _retired.append(wrapper)
 
 
 def _replace_module_functions() -> None:
@@ -431,18 +538,13 @@ def _replace_module_functions() -> None:
 
 def install() -> None:
     """Route the global RNG API of worker threads to their own generators (idempotent)."""
-    global _installed, _TAKES_GENERATOR, _TAKES_GENERATOR_BY_NAME
+    global _installed
     with _lock:
         if _installed:
             return
-        _TAKES_GENERATOR = _functions_taking_generator()
-        by_name: dict[str, set] = {}
-        for fn in _TAKES_GENERATOR:
-            by_name.setdefault(getattr(fn, "__name__", None), set()).add(fn)
-        by_name.pop(None, None)
-        _TAKES_GENERATOR_BY_NAME = {name: frozenset(fns) for name, fns in by_name.items()}
         _swap_torch_functions()
         _replace_module_functions()
+        _wrap_random_ops()
         _installed = True
 
 
@@ -455,8 +557,10 @@ def uninstall() -> None:
         for name, code in _torch_code.items():
             getattr(torch.random, name).__code__ = code
         _torch_code.clear()
+        _unwrap_random_ops()
         while _replaced:
             ns, name, value = _replaced.pop()
+            _retired.append(getattr(ns, name))
             setattr(ns, name, value)
         _installed = False
 
@@ -469,48 +573,16 @@ def enter(gens: WorkerGenerators) -> None:
     _PY_RANDOM.set(gens.random)
     if gens.numpy_legacy is not None:
         _NP_LEGACY.set(gens.numpy_legacy)
-    mode = _RouteRandomOps(gens.torch, _TAKES_GENERATOR)
-    mode.__enter__()
-    gens._mode = mode
 
 
 def leave() -> None:
     """Give the calling thread the process-wide RNG API back."""
-    gens = _WORKER.get()
-    if gens is None:
+    if _WORKER.get() is None:
         return
-    mode, gens._mode = gens._mode, None
-    if mode is not None:
-        mode.__exit__(None, None, None)
     _WORKER.set(None)
     _PY_RANDOM.set(PY_SINGLETON)
     if _mtrand is not None:
         _NP_LEGACY.set(_NP_SINGLETON)
-
-
-class routing_suspended:
-    """Context in which the calling worker thread's torch calls skip the routing mode.
-
-    The mode's Python hook costs microseconds per torch call; threadloader's
-    own per-image kernels (frame collate) draw no random numbers, so they set
-    it aside. Only our mode, and only when it is the innermost one, is set
-    aside; elsewhere this does nothing.
-    """
-
-    __slots__ = ("_mode",)
-
-    def __enter__(self) -> None:
-        gens = _WORKER.get()
-        mode = gens._mode if gens is not None else None
-        if mode is not None and _torch_compat.top_function_mode() is mode:
-            _torch_compat.pop_function_mode()
-            self._mode = mode
-        else:
-            self._mode = None
-
-    def __exit__(self, *exc: Any) -> None:
-        if self._mode is not None:
-            _torch_compat.push_function_mode(self._mode)
 
 
 def calling_generators() -> tuple[Any, torch.Generator, Any]:
