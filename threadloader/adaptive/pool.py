@@ -230,6 +230,13 @@ class AdaptivePool:
         Parked workers' answers are taken here; the last one completes the move.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
+        if self._held is None and self._move_after is None:
+            # Not moving, no forced move to count (the consumer's path per batch):
+            # only a late park answer needs this pool.
+            message = self._current.results.get(block, timeout)
+            if message.kind is not Kind.PARKED:
+                return message
+            self._on_parked(message.worker_id, message.payload)
         while True:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             if self._held is not None and block:
