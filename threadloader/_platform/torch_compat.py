@@ -490,7 +490,7 @@ def context_device_type() -> str | None:
         That device's type (``"cuda"``, ``"meta"``), or None when no such mode
         is active (cheap then: one length check).
     """
-    if not torch._C._len_torch_function_stack():
+    if not function_mode_depth():
         return None
     for mode in reversed(torch.overrides._get_current_function_mode_stack()):
         if isinstance(mode, _device_mod.DeviceContext):
@@ -500,7 +500,7 @@ def context_device_type() -> str | None:
 
 def top_function_mode() -> Any:
     """The innermost torch function mode active in the calling thread, or None."""
-    n = torch._C._len_torch_function_stack()
+    n = function_mode_depth()
     return torch._C._get_function_stack_at(n - 1) if n else None
 
 

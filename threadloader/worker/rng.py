@@ -185,7 +185,6 @@ def _op_sites(ops: Iterable[Any]) -> list[tuple[Any, str, str, str]]:
 
 _Tensor = torch.Tensor
 _Generator = torch.Generator
-_mode_depth = _torch_compat.function_mode_depth
 #: Argument types that are neither tensors nor generators (sizes, bounds): skipped at once.
 _PLAIN = frozenset({int, float, bool, tuple, list, torch.Size})
 
@@ -228,7 +227,7 @@ def _with_generator(generator: torch.Generator, args: tuple, kwargs: dict) -> di
                     if not value.is_cpu:
                         return kwargs
                     tensors = True
-        if not tensors and _mode_depth() and _torch_compat.context_device_type() not in (None, "cpu"):
+        if not tensors and _torch_compat.context_device_type() not in (None, "cpu"):
             return kwargs  # the device context gives the factory call its device
     kwargs["generator"] = generator
     return kwargs
