@@ -852,6 +852,28 @@ def test_zoo_runs_end_to_end_and_reports_every_cell(tmp_path, cache_dir) -> None
     assert (out / "zoo.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_zoo_ratio_is_the_median_of_each_rounds_ratio(monkeypatch) -> None:
+    """A round's ratio takes DataLoader's rate of that round: a slow round slows both sides of it."""
+    from threadloader.bench import zoo, zoo_data
+
+    rates = {zoo.BASELINE: [10.0, 20.0, 10.0], zoo.DEFAULT: [10.0, 18.0, 9.0]}
+    calls: dict[str, int] = {}
+
+    def fake_cell(name, *args):
+        k = calls[name] = calls.get(name, -1) + 1
+        return zoo.Timed(rates.get(name, [5.0] * 3)[k], name == zoo.DEFAULT)
+
+    monkeypatch.setattr(zoo, "time_cell", fake_cell)
+    monkeypatch.setattr(zoo, "build_workload", lambda *a: (None, None))
+    rows = zoo.measure_zoo(zoo_data.WORKLOADS[:1], [2], zoo_data.SCALES["smoke"], rounds=3, cache_dir=None,
+                           processes=None, progress=False)
+    row = {r.loader: r for r in rows}[zoo.DEFAULT]
+    # The ratio of the medians would be 10 / 10.
+    assert row.rate == 10.0 and row.ratio == pytest.approx(0.9) and row.moved == 3
+    assert (row.low, row.high) == (pytest.approx(0.9), pytest.approx(1.0))
+    assert {r.loader: r.ratio for r in rows}[zoo.THREADS] == pytest.approx(0.5)
+
+
 def test_zoo_loaders_read_the_same_batches_as_dataloader(cache_dir) -> None:
     """Every loader of a zoo cell yields DataLoader's batches for the same seed: the zoo compares like with like."""
     require_torchvision()
@@ -902,11 +924,13 @@ def test_zoo_order_balances_positions_and_neighbours(n, start) -> None:
 def test_zoo_targets_name_the_worst_cell() -> None:
     from threadloader.bench import zoo
 
-    rows = [zoo.ZooRow("a", 2, zoo.DEFAULT, 10.0, 0.97, None), zoo.ZooRow("b", 2, zoo.DEFAULT, 5.0, 0.5, None),
+    rows = [zoo.ZooRow("a", 2, zoo.DEFAULT, 10.0, 0.97, None),
+            zoo.ZooRow("b", 2, zoo.DEFAULT, 5.0, 0.5, None, low=0.4, high=0.96),
             zoo.ZooRow("a", 2, zoo.PROCESSES, 10.0, 1.2, 2), zoo.ZooRow("b", 4, zoo.PROCESSES, None, None, 2, "failed")]
     lines = zoo.target_lines(rows)
     assert lines[0].startswith("default >= 0.95x") and "NOT met on 1 of 2" in lines[0] and "0.50x: b at 2" in lines[0]
-    assert "NOT met on 1 of 2" in lines[1] and "failed: b at 4" in lines[1]
+    assert lines[0].endswith("rounds' ratios of the cells missed: b w=2 0.40-0.96")
+    assert "NOT met on 1 of 2" in lines[1] and "failed: b at 4" in lines[1] and "missed" not in lines[1]
     assert "met (worst 0.97x" in zoo.target_lines(rows[:1])[0]
     assert "failed" in zoo.format_zoo_table([zoo.ZooRow("a", 2, zoo.BASELINE, 3.0, 1.0, None),
                                              *[zoo.ZooRow("a", 2, n, None, None, None, "failed: x") for n in zoo.LOADERS[1:]]])

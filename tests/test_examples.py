@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+import threading
 from pathlib import Path
 from types import ModuleType
 
@@ -106,8 +107,18 @@ def test_core_loader_benchmark(capsys: pytest.CaptureFixture) -> None:
     for r in rows:
         assert r["dataloader_items_s"] > 0 and r["thread_items_s"] > 0
         assert r["speedup"] == pytest.approx(r["thread_items_s"] / r["dataloader_items_s"])
+        assert r["floor_items_s"] > 0 and r["of_floor"] == pytest.approx(r["thread_items_s"] / r["floor_items_s"])
     out = capsys.readouterr().out
-    assert "speedup" in out and "unbatched" in out and "batch 64" in out
+    assert "speedup" in out and "unbatched" in out and "batch 64" in out and "of floor" in out
+
+
+def test_core_loader_benchmark_floor_delivers_every_task_once() -> None:
+    """The hand-off floor ends (no thread left waiting) after every task, also when fewer tasks than slots."""
+    bench = load("core_loader_benchmark.py")
+    before = threading.active_count()
+    for n, workers, batch in [(5, 4, None), (640, 2, 64), (100, 3, None)]:
+        assert bench.handoff_floor(n, workers, batch) > 0
+    assert threading.active_count() == before
 
 
 def test_core_loader_benchmark_worker_sweep() -> None:

@@ -30,8 +30,13 @@ import threading
 import weakref
 from typing import Any, Iterator
 
-__all__ = ["forking_for", "forking_own_child", "private_fd", "release_private_fd", "renew_after_fork",
+__all__ = ["forking_for", "forking_own_child", "forks", "private_fd", "release_private_fd", "renew_after_fork",
            "renew_lock_after_fork"]
+
+#: How many forks lie between this process and the one that imported this
+#: module. An object made before a fork tells it is a forked child's copy by
+#: this number, read without a system call (``os.getpid()`` is one).
+forks = 0
 
 
 #: Objects (modules too) whose lock attributes are renewed in a forked child, with those attributes' names.
@@ -86,7 +91,8 @@ def forking_own_child() -> bool:
 
 
 def _after_fork_in_child() -> None:
-    global _guard
+    global _guard, forks
+    forks += 1
     _guard = threading.Lock()
     for obj, names in list(_object_locks.items()):
         for name in names:

@@ -11,7 +11,10 @@ Loaders, side by side in one run on every workload of :mod:`.zoo_data`:
 Every cell (workload, workers, loader) is timed once per round, rounds
 interleaved and the loaders' order changed from round to round (each runs
 first, and after each other one, equally often: :func:`balanced_order`), so
-that machine noise hits all of them alike; the median rate of the rounds is kept.
+that machine noise hits all of them alike. A cell's rate is the median over the
+rounds; its ratio is the median of the rounds' ratios, each taken against
+DataLoader's rate in the same round (a machine that slows for a while slows
+both sides of a round's ratio), and the lowest and highest of them show the spread.
 The first batches, as many as the loader keeps in flight, are not timed
 (start-up). Ratios are rates over DataLoader's in the same run.
 """
@@ -59,7 +62,7 @@ PROCESSES = "processes"
 LOADERS = (BASELINE, DEFAULT, THREADS, PROCESSES)
 
 #: Rounds per mode (each cell is timed once per round; the median is kept).
-_ROUNDS = {"full": 3, "quick": 3, "smoke": 1}
+_ROUNDS = {"full": 5, "quick": 3, "smoke": 1}
 
 
 class ZooRow(NamedTuple):
@@ -70,7 +73,7 @@ class ZooRow(NamedTuple):
     loader: str
     #: Samples (items, unbatched) per second; None when a round failed.
     rate: float | None
-    #: ``rate`` over DataLoader's for the same workload and workers.
+    #: The median of the rounds' ratios: the cell's rate over DataLoader's in the same round.
     ratio: float | None
     #: ``worker_processes`` of the cell (0: threads; None: DataLoader or the default).
     processes: int | None
@@ -79,6 +82,9 @@ class ZooRow(NamedTuple):
     moved: int | None = None
     #: Rounds timed.
     rounds: int = 0
+    #: The lowest and highest of the rounds' ratios (None when a round failed).
+    low: float | None = None
+    high: float | None = None
 
 
 def zoo_processes(workers: int, requested: int | None = None) -> int:
@@ -192,16 +198,17 @@ def measure_zoo(
     for n in workers:
         p = zoo_processes(n, processes)
         for w in workloads:
-            base = rates.get((w.name, n, BASELINE))
-            base_rate = statistics.median(base) if base and (w.name, n, BASELINE) not in errors else None
+            base = rates.get((w.name, n, BASELINE)) if (w.name, n, BASELINE) not in errors else None
             for name in LOADERS:
                 key = (w.name, n, name)
-                got = rates.get(key)
-                rate = statistics.median(got) if got and key not in errors else None
-                ratio = rate / base_rate if rate and base_rate else None
+                got = rates.get(key) if key not in errors else None
+                rate = statistics.median(got) if got else None
+                ratios = [a / b for a, b in zip(got, base)] if got and base and len(got) == len(base) else []
+                ratio = statistics.median(ratios) if ratios else None
                 procs = {THREADS: 0, PROCESSES: p}.get(name)
-                moved = moves.get(key, 0) if name == DEFAULT and got else None
-                rows.append(ZooRow(w.name, n, name, rate, ratio, procs, errors.get(key, ""), moved, len(got or ())))
+                moved = moves.get(key, 0) if name == DEFAULT and rates.get(key) else None
+                rows.append(ZooRow(w.name, n, name, rate, ratio, procs, errors.get(key, ""), moved,
+                                   len(rates.get(key) or ()), min(ratios, default=None), max(ratios, default=None)))
     return rows
 
 
@@ -259,8 +266,10 @@ def target_lines(rows: Sequence[ZooRow]) -> list[str]:
         misses = [r for r in got if r.ratio is None or r.ratio < goal]
         verdict = "met" if not misses else f"NOT met on {len(misses)} of {len(got)} cells"
         worst_text = "failed" if worst.ratio is None else f"{worst.ratio:.2f}x"
-        out.append(f"{name} >= {goal:.2f}x DataLoader on every cell: {verdict} "
-                   f"(worst {worst_text}: {worst.workload} at {worst.workers} workers)")
+        line = (f"{name} >= {goal:.2f}x DataLoader on every cell: {verdict} "
+                f"(worst {worst_text}: {worst.workload} at {worst.workers} workers)")
+        spreads = [f"{r.workload} w={r.workers} {r.low:.2f}-{r.high:.2f}" for r in misses if r.low is not None]
+        out.append(line + (f"; rounds' ratios of the cells missed: {', '.join(spreads)}" if spreads else ""))
     return out
 
 

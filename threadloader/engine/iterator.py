@@ -34,6 +34,7 @@ from typing import Any, Callable, NoReturn
 import torch
 from torch.autograd.profiler import record_function
 
+from .._platform import fork as _fork
 from .._platform.torch_compat import (
     BaseDataLoaderIter,
     DatasetKind,
@@ -106,6 +107,7 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
             init_base_iterator(self, loader)
         #: The process whose threads (or worker processes) serve this iterator.
         self.owner_pid = os.getpid()
+        self._owner_forks = _fork.forks  # what next() checks, per batch, for a forked copy
         if plan is not None:
             # Replay the interrupted epoch: its base seed, then its random
             # states, so the sampler draws exactly what it drew then.
@@ -190,6 +192,8 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
         # shutdown, and at interpreter exit (weakref.finalize's atexit hook).
         self._finalizer = weakref.finalize(self, _stop_pool, self._pool, release, self._stats)
         pool = self._pool
+        #: The pool's generation (only this iterator starts new ones: see ``_reset``).
+        self._generation = pool.generation
         self._stats.bind(pool.counters, self._num_workers, pool.on_gil_bound if isinstance(pool, Adapts) else None)
         self._reset(loader, first_iter=True)
         if plan is not None:
@@ -207,7 +211,7 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
         return self._step()
 
     def _step(self) -> Any:
-        if self.owner_pid != os.getpid():
+        if self._owner_forks != _fork.forks:
             # A forked process's copy: no worker would ever answer it here.
             raise RuntimeError(f"this DataLoader iterator's workers are those of process {self.owner_pid}, "
                                "not of this forked one: call iter(loader) here")
@@ -274,7 +278,8 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
             # Results of the old epoch are dropped on arrival. super()._reset
             # drew a DataPipe's seed for this epoch (None for other datasets).
             self._pool.new_epoch(seed=self._shared_seed)
-            self._stats.new_epoch(self._pool.generation)
+            self._generation = self._pool.generation
+            self._stats.new_epoch(self._generation)
             if self._track_state and self._is_iterable:
                 self._await_iterators()
         elif self._track_state and self._is_iterable and self._plan is not None and self._plan.iter_states is not None:
@@ -318,7 +323,7 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
             # and that task's error comes in its turn, as in DataLoader.
             index = list(index)
         pool = self._pool
-        pool.submit(worker_id, Job(idx, pool.generation, index))
+        pool.submit(worker_id, Job(idx, self._generation, index))
         self._workers_num_tasks[worker_id] += 1
         self._task_info[idx] = worker_id
         self._task_items[idx] = samples_in(index) if self._auto_collation else 1
@@ -595,7 +600,6 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
                 return self._stash.pop(self._rcvd_idx)
         elif self._stash:
             return self._stash.pop(next(iter(self._stash)))  # arrival order
-        pool = self._pool
         t0 = time.perf_counter()
         try:
             while True:
@@ -613,7 +617,7 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
                     # task was due.
                     self._mark_dead(message)
                     return message
-                if message.generation != pool.generation or kind == Kind.SYNCED:
+                if message.generation != self._generation or kind == Kind.SYNCED:
                     continue  # from an epoch that was abandoned, or an unread answer of an aborted sync
                 if kind == Kind.STOPPED or not self._in_order or message.task == self._rcvd_idx:
                     return message
