@@ -399,6 +399,9 @@ _TORCH_SAMPLERS = {
     "cauchy_": lambda g=None: torch.empty(3).cauchy_(generator=g),
     "nn.init.normal_": lambda g=None: torch.nn.init.normal_(torch.empty(3), generator=g),
     "nn.init.kaiming_uniform_": lambda g=None: torch.nn.init.kaiming_uniform_(torch.empty(2, 3), generator=g),
+    "nn.init.kaiming_normal_": lambda g=None: torch.nn.init.kaiming_normal_(torch.empty(2, 3), generator=g),
+    "nn.init.uniform_": lambda g=None: torch.nn.init.uniform_(torch.empty(3), generator=g),
+    "nn.init.xavier_normal_": lambda g=None: torch.nn.init.xavier_normal_(torch.empty(2, 3), generator=g),
     "nn.init.orthogonal_": lambda g=None: torch.nn.init.orthogonal_(torch.empty(3, 3), generator=g),
     "nn.init.trunc_normal_": lambda g=None: torch.nn.init.trunc_normal_(torch.empty(3), generator=g),
     "binomial": lambda g=None: torch.binomial(torch.full((3,), 10.0), torch.full((3,), 0.5), generator=g),
@@ -450,16 +453,13 @@ def _attributes():
 def test_every_operator_taking_a_generator_is_wrapped_where_it_is_looked_up():
     _rng.uninstall()
     try:
-        ops = _rng._functions_taking_generator()
+        operators = _rng._operators_taking_generator()
         before = _attributes()
     finally:
         _rng.install()
     after = _attributes()
-    operators = {op for op in ops if not inspect.isfunction(op)}
-    assert len(ops) >= 40
+    assert len(operators) >= 25 and not any(inspect.isfunction(op) for op in operators)
     assert operators <= {orig for _ns, _name, _own, orig, _w in _rng._wrapped_ops}
-    # The Python functions (nn.init's) hand their generator to these operators.
-    assert {op.__module__ for op in ops - operators} <= {"torch.nn.init", "torch.nn.functional"}
     # Only the random operators changed, each to its wrapper; nothing else (x.add...) did.
     changed = {(ns, name) for ns in after for name in set(before[ns]) | set(after[ns])
                if before[ns].get(name, None) is not after[ns].get(name, None)}
@@ -518,6 +518,22 @@ _SIZED = {
     "Parameter.uniform_": lambda n, g=None: torch.nn.Parameter(torch.empty(n), False).uniform_(generator=g),
     "nn.init.xavier_uniform_": lambda n, g=None: torch.nn.init.xavier_uniform_(torch.empty(n, 3), generator=g),
 }
+
+
+def test_every_python_function_taking_a_generator_is_checked_in_a_worker():
+    """nn.init's functions (and any of F's) hand their generator to the wrapped operators: each one is exercised here."""
+    def takes_generator(fn) -> bool:
+        try:
+            return "generator" in inspect.signature(fn).parameters
+        except ValueError:  # our wrappers of builtin operators (F.rrelu_): no signature to read
+            return False
+
+    found = {f"{'nn.init' if ns is torch.nn.init else 'F'}.{name}"
+             for ns in (torch.nn.init, torch.nn.functional) for name in dir(ns)
+             if not name.startswith("_") and inspect.isfunction(fn := getattr(ns, name)) and takes_generator(fn)}
+    assert "nn.init.normal_" in found
+    checked = set(_TORCH_SAMPLERS) | set(_SIZED) | set(_AS_IN_A_PROCESS)
+    assert found <= checked, sorted(found - checked)
 
 
 @given(st.sampled_from(sorted(_SIZED)), st.integers(1, 6), st.integers(0, 2**31))

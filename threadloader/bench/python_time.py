@@ -95,6 +95,7 @@ def _python_path_calls(
     import numpy as np
 
     from threadloader._platform.torch_compat import resize_op
+    from threadloader.images import decode
     from threadloader.images._codec import jpeg
 
     h, w = size
@@ -115,7 +116,8 @@ def _python_path_calls(
             kwargs = {}
             for factor in (8, 4, 2):  # decode_image's default reducing_gap of 2
                 if height >= h * factor * 2 and width >= w * factor * 2:
-                    kwargs = dict(min_height=-(-height // factor), min_width=-(-width // factor))
+                    rows, cols = decode.scaled_dims(height, width, factor)
+                    kwargs = dict(min_height=rows, min_width=cols)
                     break
             if buffers[j].nbytes < height * width * 3:
                 buffers[j] = np.empty(height * width * 3, dtype=np.uint8)

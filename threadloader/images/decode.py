@@ -268,7 +268,7 @@ def _decode_simplejpeg(
         return _strict_unless_harmless(
             raw, src, lambda strict: _turbojpeg.decode_region(raw, factor, box, fastdct=fastdct,
                                                          fastupsample=fastupsample, stop_on_warning=strict))
-    out_h, out_w = -(-height // factor), -(-width // factor)
+    out_h, out_w = scaled_dims(height, width, factor)
     # min_height/min_width <= 0 mean full scale.
     arr = _strict_unless_harmless(data, src, lambda strict: jpeg.decode_jpeg(
         data, colorspace="RGB", fastdct=fastdct, fastupsample=fastupsample,
@@ -615,9 +615,15 @@ def _pixel_limit() -> int:
     return -1 if limit is None else int(limit)
 
 
+def scaled_dims(height: int, width: int, factor: int) -> tuple[int, int]:
+    """Rows and columns libjpeg decodes from a ``height`` x ``width`` JPEG at scale 1/``factor`` (rounded up)."""
+    return -(-height // factor), -(-width // factor)
+
+
 def native_nbytes(height: int, width: int, factor: int) -> int:
     """Bytes of the pixels the native call decodes from a ``height`` x ``width`` JPEG at scale 1/``factor``."""
-    return -(-height // factor) * -(-width // factor) * 3
+    rows, cols = scaled_dims(height, width, factor)
+    return rows * cols * 3
 
 
 def native_image(pixels: Any, height: int, width: int, factor: int) -> np.ndarray:
@@ -626,7 +632,7 @@ def native_image(pixels: Any, height: int, width: int, factor: int) -> np.ndarra
     As :func:`_decode_simplejpeg`, the image's edges map to the nearest scaled
     pixel: a last, partial row or column of a scaled decode is left out.
     """
-    rows, cols = -(-height // factor), -(-width // factor)
+    rows, cols = scaled_dims(height, width, factor)
     arr = np.frombuffer(pixels, dtype=np.uint8, count=rows * cols * 3).reshape(rows, cols, 3)
     if factor > 1:
         _, _, bottom, right = _scaled_box((0, 0, height, width), 1.0 / factor, 1.0 / factor)

@@ -120,8 +120,8 @@ def is_numpy_generator(value: Any) -> bool:
 
 # --- torch's random operators ------------------------------------------------------
 
-def _functions_taking_generator() -> frozenset:
-    """Every torch callable that accepts ``generator=`` (operators, ``nn.init``'s and ``F``'s functions)."""
+def _operators_taking_generator() -> frozenset:
+    """Every torch operator that accepts ``generator=`` (Python functions such as ``nn.init``'s pass theirs on to these)."""
     found = set()
     # Generator methods, not samplers.
     for name in _torch_compat.aten_ops_taking_generator() - {"manual_seed", "seed", "initial_seed"}:
@@ -129,18 +129,6 @@ def _functions_taking_generator() -> frozenset:
             fn = getattr(ns, name, None)
             if callable(fn):
                 found.add(fn)
-    # Python functions that take a generator and pass it on to the operators
-    # (nn.init's initialisers): listed so tests can check they are routed too.
-    for ns in (torch.nn.init, torch.nn.functional):
-        for name in dir(ns):
-            fn = getattr(ns, name)
-            if inspect.isfunction(fn):
-                try:
-                    params = inspect.signature(fn).parameters
-                except (TypeError, ValueError):  # pragma: no cover
-                    continue
-                if "generator" in params:
-                    found.add(fn)
     return frozenset(found)
 
 
@@ -162,7 +150,7 @@ def _op_sites(ops: Iterable[Any]) -> list[tuple[Any, str, str, str]]:
     functions in ``ops`` are skipped: they call the operators.
 
     Args:
-        ops: callables, as :func:`_functions_taking_generator` lists them.
+        ops: callables, as :func:`_operators_taking_generator` lists them.
 
     Returns:
         ``(namespace, attribute, module, qualname)`` per site, ``module`` and
@@ -478,7 +466,7 @@ def _wrap_random_ops() -> None:
     """Bind a routing wrapper at every place torch's random operators are looked up."""
     # Before the names change: torch's tables read them once, and must keep its own functions.
     _torch_compat.pin_function_tables()
-    for ns, name, module, qualname in _op_sites(_functions_taking_generator()):
+    for ns, name, module, qualname in _op_sites(_operators_taking_generator()):
         own = name in vars(ns)
         original = getattr(ns, name)
         wrapper = _routing(original, name, module, qualname)
