@@ -225,8 +225,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--zoo-workloads", type=_zoo_workloads, default=None,
                         help="zoo only: comma-separated subset of the workloads (default: all)")
     parser.add_argument("--rounds", type=positive_int, default=None,
-                        help="zoo and proxy: interleaved rounds (zoo: per cell, the median kept, default 3, 1 with "
-                             "--smoke; proxy: the best kept, default 6)")
+                        help="zoo and proxy: interleaved rounds (zoo: per cell, the median ratio kept, default 4, 3 "
+                             "with --quick, 1 with --smoke; proxy: the best kept, default 6)")
     return parser
 
 

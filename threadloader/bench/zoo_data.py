@@ -246,14 +246,14 @@ class Trivial(torch.utils.data.Dataset):
 
 
 WORKLOADS: tuple[Workload, ...] = (
-    Workload("cifar-v1", "32x32 PIL, RandomCrop+Flip+ToTensor+Normalize (transforms v1)", 128, 120, _cifar_v1),
-    Workload("cifar-v2", "the same with transforms.v2", 128, 80, _cifar_v2),
-    Workload("imagefolder-pil", "ImageFolder + PIL Resize 224 + PILToTensor", 32, 32, _imagefolder_pil),
-    Workload("frames", "the same files, decode_image + frame_collate", 32, 50, _frames),
-    Workload("npy", ".npy file per sample, np.load", 32, 500, _npy),
-    Workload("json-tokenize", "JSON line + Python tokenizer loop", 128, 600, lambda s, c: (JsonTokenize(s.samples), None)),
-    Workload("torch-heavy", "conv2d x2 + pooling per sample (GIL released)", 32, 120, lambda s, c: (TorchHeavy(s.samples), None)),
-    Workload("trivial", "the index, unbatched (loader overhead)", None, 30000, lambda s, c: (Trivial(s.samples), None)),
+    Workload("cifar-v1", "32x32 PIL, RandomCrop+Flip+ToTensor+Normalize (transforms v1)", 128, 300, _cifar_v1),
+    Workload("cifar-v2", "the same with transforms.v2", 128, 220, _cifar_v2),
+    Workload("imagefolder-pil", "ImageFolder + PIL Resize 224 + PILToTensor", 32, 64, _imagefolder_pil),
+    Workload("frames", "the same files, decode_image + frame_collate", 32, 100, _frames),
+    Workload("npy", ".npy file per sample, np.load", 32, 1100, _npy),
+    Workload("json-tokenize", "JSON line + Python tokenizer loop", 128, 1100, lambda s, c: (JsonTokenize(s.samples), None)),
+    Workload("torch-heavy", "conv2d x2 + pooling per sample (GIL released)", 32, 190, lambda s, c: (TorchHeavy(s.samples), None)),
+    Workload("trivial", "the index, unbatched (loader overhead)", None, 35000, lambda s, c: (Trivial(s.samples), None)),
 )
 
 
