@@ -557,11 +557,11 @@ def test_a_child_reaped_by_someone_else_is_still_seen_dead(monkeypatch):
     process.close()
 
 
-def test_a_pool_stopped_on_the_thread_that_feeds_a_childs_jobs_does_not_wait_for_that_child(monkeypatch):
-    # A garbage collection can run a dropped iterator's stop() on the thread of
-    # a child's jobs queue that pickles the jobs: the None telling that child
-    # to stop would leave only after stop() returned, and stop() waited out
-    # the children's budget for it.
+def test_a_pool_stopped_on_the_thread_that_writes_a_childs_jobs_does_not_wait_for_that_child(monkeypatch):
+    # A garbage collection can run a dropped iterator's stop() on the thread
+    # that writes a child's backlog of jobs: the None telling that child to
+    # stop would leave only after stop() returned, and stop() waited out the
+    # children's budget for it.
     from threadloader.procs import process_pool as pool_module
     from threadloader.procs.wire import NEW_EPOCH
 
@@ -572,17 +572,20 @@ def test_a_pool_stopped_on_the_thread_that_feeds_a_childs_jobs_does_not_wait_for
     pool = it._pool
     to_stop = [pool]  # emptied when used: nothing else holds the pool once the test ends
     took: list[float] = []
-
-    class StopsThePool:
-        def __reduce__(self):  # runs on the feeder thread
-            start = time.monotonic()
-            stopped = to_stop.pop()
-            stopped.stop()
-            took.append(time.monotonic() - start)
-            return tuple, ((NEW_EPOCH, stopped.generation),)
-
     child = pool._children[0]
-    child.jobs.put(StopsThePool())
+    drain = child.jobs._drain
+
+    def stops_the_pool_first():  # runs on the writer thread, as a collection there would
+        start = time.monotonic()
+        stopped = to_stop.pop()
+        stopped.stop()
+        took.append(time.monotonic() - start)
+        drain()
+
+    child.jobs._drain = stops_the_pool_first
+    # More than a pipe holds: the rest waits for the writer thread, and the None behind it.
+    child.jobs.put((NEW_EPOCH, (pool.generation, b"x" * (8 << 20))))
+    assert child.jobs.writer_thread is not None
     deadline = time.monotonic() + 120
     while not took and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -5,6 +5,7 @@
   stops them;
 * :mod:`.child` -- the body of a child: its dispatcher, its worker threads,
   its watch on the parent;
+* :mod:`.jobs` -- a child's job queue, written straight to its pipe;
 * :mod:`.wire` -- the messages between them (results pickled on their own,
   the exceptions that end worker threads);
 * :mod:`.counters` -- the workers' counters as rows of one shared array.

@@ -65,7 +65,7 @@ class Dispatcher:
         self._loader_alive = loader_alive
         self._poll_s = poll_s
         # One poll per wait (a queue's get with a timeout builds a selector each time).
-        self._readers = Readers([jobs._reader])  # multiprocessing.Queue's end (not public API)
+        self._readers = Readers([jobs.reader])
         self._sampled = -float("inf")
 
     def next(self, target: EpochTarget) -> tuple[int, Job] | None:

@@ -54,6 +54,7 @@ from ..engine.thread_pool import JOIN_BUDGET_S
 from ..engine.worker_loop import pin_task
 from .child import POLL_S, child_main
 from .counters import COLUMNS, CPU, ArrayCounters
+from .jobs import JobQueue
 from .mirror import Mirror
 from .readers import Readers
 from .wire import NEW_EPOCH, RELEASED, Parcel, ReceiveError, job_message, received
@@ -146,11 +147,7 @@ class _Child:
     def __init__(self, ctx: Any, index: int, worker_ids: list[int]) -> None:
         self.index = index
         self.worker_ids = worker_ids
-        self.jobs = ctx.Queue()
-        # As DataLoader's index queues: at this process's exit, multiprocessing
-        # must not wait for a feeder thread still writing jobs to a child it
-        # has just terminated (the exit would hang, pytorch#48666).
-        self.jobs.cancel_join_thread()
+        self.jobs = JobQueue(ctx)
         self.results = ctx.Queue()
         writer = self._writer()
         if writer is not None:  # its write end is for its child alone (see close_writing_end)
@@ -536,10 +533,10 @@ class ProcessPool:
                 child.jobs.put(None)
             except (OSError, ValueError):  # pragma: no cover - queue already closed
                 pass
-            if getattr(child.jobs, "_thread", None) is current:  # multiprocessing.Queue's feeder (not public API)
-                # Stopped by a garbage collection on the thread that feeds this
-                # child its jobs (pickling them): the None above leaves only once
-                # this returns. SIGTERM tells the child now (it unwinds and exits).
+            if child.jobs.writer_thread is current:
+                # Stopped by a garbage collection on the thread that writes this
+                # child's backlog of jobs: the None above leaves only once this
+                # returns. SIGTERM tells the child now (it unwinds and exits).
                 child.process.terminate()
         # A child stops its threads within JOIN_BUDGET_S, then exits.
         deadline = time.monotonic() + JOIN_BUDGET_S + 1.0
