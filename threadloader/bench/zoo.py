@@ -202,14 +202,15 @@ def measure_zoo(
             base = rates.get((w.name, n, BASELINE)) if (w.name, n, BASELINE) not in errors else None
             for name in LOADERS:
                 key = (w.name, n, name)
-                got = rates.get(key) if key not in errors else None
+                timed = rates.get(key, [])
+                got = timed if key not in errors else []
                 rate = statistics.median(got) if got else None
                 ratios = [a / b for a, b in zip(got, base)] if got and base and len(got) == len(base) else []
                 ratio = statistics.median(ratios) if ratios else None
                 procs = {THREADS: 0, PROCESSES: p}.get(name)
-                moved = moves.get(key, 0) if name == DEFAULT and rates.get(key) else None
-                rows.append(ZooRow(w.name, n, name, rate, ratio, procs, errors.get(key, ""), moved,
-                                   len(rates.get(key) or ()), min(ratios, default=None), max(ratios, default=None)))
+                moved = moves.get(key, 0) if name == DEFAULT and timed else None
+                rows.append(ZooRow(w.name, n, name, rate, ratio, procs, errors.get(key, ""), moved, len(timed),
+                                   min(ratios, default=None), max(ratios, default=None)))
     return rows
 
 

@@ -30,7 +30,7 @@ __all__ = ["JobQueue"]
 _WRITER_POLL_S = 0.1
 
 
-def _frame(data: bytes) -> bytes:
+def _frame(data: Any) -> bytes:
     """``data`` with ``Connection.send_bytes``' header: its length, as ``recv_bytes`` reads it."""
     n = len(data)
     header = struct.pack("!i", n) if n <= 0x7FFFFFFF else struct.pack("!iQ", -1, n)
@@ -85,7 +85,7 @@ class JobQueue:
         Raises:
             ValueError: the queue was closed.
         """
-        frame = _frame(bytes(ForkingPickler.dumps(obj)))
+        frame = _frame(ForkingPickler.dumps(obj))
         with self._lock:
             if self._closed:
                 raise ValueError("the job queue is closed")

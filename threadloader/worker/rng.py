@@ -146,11 +146,10 @@ def _op_sites(ops: Iterable[Any]) -> list[tuple[Any, str, str, str]]:
 
     Module attributes that are the operator itself, and ``torch.Tensor``'s
     attribute for methods (inherited from ``TensorBase``; set on
-    ``torch.Tensor`` it shadows that for every tensor class). Python
-    functions in ``ops`` are skipped: they call the operators.
+    ``torch.Tensor`` it shadows that for every tensor class).
 
     Args:
-        ops: callables, as :func:`_operators_taking_generator` lists them.
+        ops: operators, as :func:`_operators_taking_generator` lists them.
 
     Returns:
         ``(namespace, attribute, module, qualname)`` per site, ``module`` and
@@ -159,8 +158,8 @@ def _op_sites(ops: Iterable[Any]) -> list[tuple[Any, str, str, str]]:
     sites = []
     for fn in ops:
         name = getattr(fn, "__name__", None)
-        if name is None or inspect.isfunction(fn):
-            continue  # Python functions reach the operators themselves
+        if name is None:
+            continue
         if getattr(torch.Tensor, name, None) is fn:
             sites.append((torch.Tensor, name, "torch", "Tensor." + name))
             continue
