@@ -925,7 +925,7 @@ def test_pools_started_at_once_from_two_threads_keep_their_result_pipes_apart():
             t.join()
         try:
             for me, other in ("AB", "BA"):
-                pipe = os.readlink(f"/proc/self/fd/{pools[me]._children[0].results._reader.fileno()}")
+                pipe = os.readlink(f"/proc/self/fd/{pools[me]._children[0].results.reader.fileno()}")
                 assert not _holds_write_end(pools[other].pids[0], pipe), f"pool {other}'s child holds {me}'s pipe"
         finally:
             for pool in pools.values():
@@ -1044,28 +1044,28 @@ def _fd_limit_last_line(which: str, size: str) -> str:
 KILLED_MID_WRITE_CHILD = textwrap.dedent(
     """
     import os, signal, sys, time
-    import multiprocessing.connection as mpc
     from torch.utils.data import Dataset
     from threadloader import ThreadDataLoader
 
-    send = mpc.Connection._send
+    write, cut = os.write, []
 
-    def half_then(self, buf, write=os.write):
-        # What the OOM killer does to a process writing a large result: half of it is in the pipe.
-        if len(buf) > (1 << 20):
-            send(self, bytes(buf[: len(buf) // 2]))
+    def part_then(fd, buf):
+        # What the OOM killer does to a process writing a large result: part of it is in the pipe.
+        if len(buf) > (1 << 20) and not cut:
+            cut.append(fd)
+            sent = write(fd, bytes(buf[:4096]))
             if sys.argv[1] == "killed":
                 os.kill(os.getpid(), signal.SIGKILL)
             time.sleep(8)  # "break": a slow write, cut short when the child exits on stop()
-            return send(self, bytes(buf[len(buf) // 2:]))
-        return send(self, buf)
+            return sent
+        return write(fd, buf)
 
     class Data(Dataset):
         def __len__(self):
             return 8
 
         def __getitem__(self, i):
-            mpc.Connection._send = half_then  # in the worker process only
+            os.write = part_then  # in the worker process only
             if i == 0:
                 time.sleep(0.5)
             return b"x" * (8 << 20) if i == 1 else b"small"

@@ -39,6 +39,7 @@ from ..worker import info as worker
 from .arena import ChildArena
 from .counters import CPU, ArrayCounters
 from .inline import Dispatcher, InlineShared, run_inline
+from .pipe_queue import PipeQueue
 from .wire import ParcelQueue
 
 __all__ = ["POLL_S", "child_main"]
@@ -95,7 +96,7 @@ def child_main(
     cfg: WorkerConfig,
     worker_ids: list[int],
     jobs: Any,
-    results: Any,
+    results: PipeQueue,
     counters: torch.Tensor,
     parent_pid: int,
     death_signal: bool,
@@ -122,6 +123,7 @@ def child_main(
         _set_parent_death_signal()
     if not _loader_alive(direct_parent):  # it died before the signal was set up
         return
+    results.begin_writing()  # a forked child holds the parent's copy as it was
     arena = ChildArena(arena_token, arena_batches)
     _context.mark_child_process(arena)
     torch.set_num_threads(1)  # as DataLoader's workers: no intra-op pool per process
@@ -145,8 +147,6 @@ def child_main(
             while (got := dispatcher.next(pool)) is not None:
                 pool.submit(*got)
     finally:
-        # Never wait to flush results nobody will read.
-        results.cancel_join_thread()
         if not isinstance(pool, InlineShared):
             pool.stop()
         dispatcher.close()  # it writes to the counters, let go of below

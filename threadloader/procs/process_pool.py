@@ -54,8 +54,8 @@ from ..engine.thread_pool import JOIN_BUDGET_S
 from ..engine.worker_loop import pin_task
 from .child import POLL_S, child_main
 from .counters import COLUMNS, CPU, ArrayCounters
-from .jobs import JobQueue
 from .mirror import Mirror
+from .pipe_queue import PipeQueue
 from .readers import Readers
 from .wire import NEW_EPOCH, RELEASED, Parcel, ReceiveError, job_message, received
 
@@ -147,18 +147,14 @@ class _Child:
     def __init__(self, ctx: Any, index: int, worker_ids: list[int]) -> None:
         self.index = index
         self.worker_ids = worker_ids
-        self.jobs = JobQueue(ctx)
-        self.results = ctx.Queue()
-        writer = self._writer()
-        if writer is not None:  # its write end is for its child alone (see close_writing_end)
-            _fork.private_fd(writer.fileno(), self)
+        self.jobs = PipeQueue(ctx)
+        self.results = PipeQueue(ctx)
+        # Its write end is for its child alone (see close_writing_end).
+        _fork.private_fd(self.results.writer.fileno(), self)
         self.process: Any = None
         self.receiver: threading.Thread | None = None
         # Its batch buffers as mapped here (closed by the pool's stop()).
         self.mirror = Mirror()
-
-    def _writer(self) -> Any:
-        return getattr(self.results, "_writer", None)  # multiprocessing.Queue's end (not public API)
 
     def discard(self) -> None:
         """Kill this child, which has run none of the loader's code, and close this process's ends of its queues."""
@@ -171,7 +167,6 @@ class _Child:
         """Close this process's ends of the child's job and result queues (idempotent)."""
         self.close_writing_end()  # a child that failed to start still had it
         for q in (self.jobs, self.results):
-            q.cancel_join_thread()
             q.close()
 
     def close_writing_end(self) -> None:
@@ -183,8 +178,8 @@ class _Child:
         later do not inherit it; a process forked before that, by another
         thread, gets ``/dev/null`` in its place (:mod:`threadloader._platform.fork`).
         """
-        writer = self._writer()
-        if writer is not None and not writer.closed:
+        writer = self.results.writer
+        if not writer.closed:
             _fork.release_private_fd(writer.fileno())
             writer.close()
 
@@ -295,7 +290,7 @@ class _DirectInbox(_Inbox):
         for child in live:
             if child.index not in self._watched:
                 self._watched.add(child.index)
-                self._readers.add(child.results._reader)  # multiprocessing.Queue's end (not public API)
+                self._readers.add(child.results.reader)
         wait_s = POLL_S if deadline is None else min(POLL_S, max(0.0, deadline - time.monotonic()))
         try:
             ready = self._readers.wait(wait_s)
@@ -303,7 +298,7 @@ class _DirectInbox(_Inbox):
             return
         for child in live:
             # This thread alone reads its pipe: a whole message is there, or an end of file.
-            if child.results._reader in ready and not _receive_one(pool, child, child.process.pid, None):
+            if child.results.reader in ready and not _receive_one(pool, child, child.process.pid, None):
                 self._retire(child)
         now = time.monotonic()
         if ready and now - self._checked < POLL_S:
@@ -318,11 +313,11 @@ class _DirectInbox(_Inbox):
     def _retire(self, child: "_Child") -> None:
         """Read ``child``'s pipe no more (its death or broken channel was reported)."""
         self._done.add(child.index)
-        self._readers.remove(child.results._reader)
+        self._readers.remove(child.results.reader)
 
     def drain(self, child: "_Child") -> None:
         """Discard what ``child`` left in its result pipe, never waiting for the rest of a cut message."""
-        reader = child.results._reader
+        reader = child.results.reader
         try:
             os.set_blocking(reader.fileno(), False)
             while True:

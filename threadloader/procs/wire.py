@@ -81,9 +81,9 @@ class Parcel:
     unpickled by :meth:`open` in the parent's thread that hands it to the
     training loop (the consumer; the receiver only when it pins): on a
     free-threaded build an object is freed by the thread that made it, so a
-    batch let go of in another thread (the queue's feeder thread in the child,
-    the training loop in the parent) would wait there for that thread's next
-    bytecode before its arena block could be lent again.
+    batch let go of in another thread (the training loop in the parent)
+    would wait there for that thread's next bytecode before its arena block
+    could be lent again.
     """
 
     __slots__ = ("data", "pid", "refs")
@@ -255,8 +255,8 @@ class ParcelQueue:
         # Results are sealed (pickled) and queued in one order: the first
         # result to name an arena block carries its storage, and a later one
         # naming it by id alone must not overtake it (nor one that failed to
-        # pickle and gave the block's first trip back). The queue's feeder
-        # thread pickled them all in queue order before; this lock keeps that.
+        # pickle and gave the block's first trip back). Sealed and queued
+        # under one lock, they leave in the order they were sealed.
         self._order = threading.Lock()
 
     def put(self, msg: tuple[int, int, int, int, Any]) -> None:

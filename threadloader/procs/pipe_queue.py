@@ -1,22 +1,25 @@
-"""A child's job queue: :class:`JobQueue`, written straight to the pipe, by a thread only when the pipe is full.
+"""A one-way queue between two processes: :class:`PipeQueue`, written straight to its pipe.
 
 ``multiprocessing.Queue`` hands every ``put`` to a feeder thread, which
-pickles the message and writes it: the consumer wakes that thread once per
-job, a context switch and a GIL hand-off on every task. Here ``put`` pickles
-the message and writes it to the pipe itself, without blocking (the write
-end is non-blocking). When the pipe is full (a child busy with a long task,
-big jobs), what did not fit waits in a backlog that a writer thread drains;
-later messages go behind it, so the child reads them in order. ``put`` never
-blocks, as with ``multiprocessing.Queue``.
+pickles the message and writes it: each message wakes that thread, a
+context switch and a GIL hand-off per task, on both sides (a child's jobs
+and its results). Here ``put`` pickles the message and writes it to the
+pipe itself, without blocking (the write end is non-blocking). When the
+pipe is full (a reader busy with a long task, big messages), what did not
+fit waits in a backlog that a writer thread drains; later messages go
+behind it, so the reader reads them in order. ``put`` never blocks, as with
+``multiprocessing.Queue``.
 
-Messages are framed as ``multiprocessing.connection.Connection`` frames them,
-so the child reads them with :meth:`JobQueue.get` from its end of the pipe.
+One process writes (from any of its threads) and one thread of another
+reads. Messages are framed as ``multiprocessing.connection.Connection``
+frames them: the reader reads them with :meth:`PipeQueue.get`.
 """
 
 from __future__ import annotations
 
 import collections
 import os
+import queue
 import select
 import struct
 import threading
@@ -24,7 +27,7 @@ from multiprocessing import context as mp_context
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
-__all__ = ["JobQueue"]
+__all__ = ["PipeQueue"]
 
 #: How often the writer thread, waiting for room in the pipe, checks whether the queue was closed (seconds).
 _WRITER_POLL_S = 0.1
@@ -37,8 +40,10 @@ def _frame(data: Any) -> bytes:
     return header + data
 
 
-class JobQueue:
-    """One child's jobs: the loader's process puts, the child gets.
+class PipeQueue:
+    """Messages from one process (which puts) to another (which gets).
+
+    A child's jobs go from the loader's process to the child; its results come back.
 
     Nothing that may start a garbage collection runs while the lock is held
     for a write, and the lock is reentrant: a collection's finalizer (a
@@ -51,11 +56,15 @@ class JobQueue:
     """
 
     def __init__(self, ctx: Any) -> None:
-        self.reader, self._writer = ctx.Pipe(duplex=False)
-        os.set_blocking(self._writer.fileno(), False)
-        self._writing_side()
+        self.reader, self.writer = ctx.Pipe(duplex=False)
+        os.set_blocking(self.writer.fileno(), False)
+        self.begin_writing()
 
-    def _writing_side(self) -> None:
+    def begin_writing(self) -> None:
+        """Make this process the writing one: call it in a forked child that puts (a spawned one needs nothing).
+
+        A forked copy holds the parent's lock, backlog and writer thread as they were.
+        """
         self._owner = os.getpid()
         self._lock = threading.RLock()
         self._ready = threading.Event()  # the backlog may have something to write
@@ -68,11 +77,11 @@ class JobQueue:
     def __getstate__(self) -> tuple[Any, Any]:
         # Sent to a spawned or forkserver child, as multiprocessing's queues are.
         mp_context.assert_spawning(self)
-        return self.reader, self._writer
+        return self.reader, self.writer
 
     def __setstate__(self, state: tuple[Any, Any]) -> None:
-        self.reader, self._writer = state
-        self._writing_side()
+        self.reader, self.writer = state
+        self.begin_writing()
 
     @property
     def writer_thread(self) -> threading.Thread | None:
@@ -80,7 +89,7 @@ class JobQueue:
         return self._thread
 
     def put(self, obj: Any) -> None:
-        """Send ``obj`` to the child; never blocks. Dropped if the child is gone (its receiver reports that).
+        """Send ``obj`` to the reading process; never blocks. Dropped if that process is gone (its reader end closed).
 
         Raises:
             ValueError: the queue was closed.
@@ -88,16 +97,16 @@ class JobQueue:
         frame = _frame(ForkingPickler.dumps(obj))
         with self._lock:
             if self._closed:
-                raise ValueError("the job queue is closed")
+                raise ValueError("the queue is closed")
             backlog = self._backlog
             backlog.append(frame)
             if len(backlog) == 1:  # nothing before it: write it now, as much as the pipe takes
                 self._offset = 0
                 try:
-                    sent = os.write(self._writer.fileno(), frame)
+                    sent = os.write(self.writer.fileno(), frame)
                 except BlockingIOError:
                     sent = 0
-                except BrokenPipeError:  # the child is gone: nothing reaches it any more
+                except BrokenPipeError:  # the reader is gone: nothing reaches it any more
                     backlog.clear()
                     return
                 if sent == len(frame):
@@ -109,13 +118,13 @@ class JobQueue:
             start = not self._started
             self._started = True
         if start:
-            self._thread = threading.Thread(target=self._drain, name="threadloader-jobs", daemon=True)
+            self._thread = threading.Thread(target=self._drain, name="threadloader-pipe-writer", daemon=True)
             self._thread.start()
         self._ready.set()
 
     def _drain(self) -> None:
         """The writer thread: write the backlog as the pipe makes room, until the queue is closed."""
-        fd = self._writer.fileno()
+        fd = self.writer.fileno()
         poller = select.poll()
         poller.register(fd, select.POLLOUT)
         while True:
@@ -134,7 +143,7 @@ class JobQueue:
                 sent = os.write(fd, memoryview(head)[offset:])
             except BlockingIOError:
                 continue
-            except OSError:  # the child is gone (EPIPE), or the end was closed: nothing more goes out
+            except OSError:  # the reader is gone (EPIPE), or the end was closed: nothing more goes out
                 with self._lock:
                     self._backlog.clear()
                 continue
@@ -148,16 +157,24 @@ class JobQueue:
                     else:
                         self._offset = offset + sent
 
-    def get(self) -> Any:
-        """The next message (in the child), waiting for it.
+    def get(self, block: bool = True, timeout: float | None = None) -> Any:
+        """The next message (in the reading process), as ``multiprocessing.Queue.get`` gives it.
+
+        A frame begun is read whole: its writer finishes it, or its end closes.
 
         Raises:
-            EOFError: the loader's process closed its end (it died) before a whole message came.
+            queue.Empty: none came within ``timeout`` seconds (at once when not ``block``).
+            EOFError: every write end closed (its writer died) before a whole message came.
         """
+        if not block:
+            timeout = 0.0
+        if timeout is not None and not self.reader.poll(max(0.0, timeout)):
+            raise queue.Empty
         return ForkingPickler.loads(self.reader.recv_bytes())
 
-    def cancel_join_thread(self) -> None:
-        """Nothing to do: the writer thread never holds up this process's exit (``multiprocessing.Queue``'s API)."""
+    def empty(self) -> bool:
+        """Whether nothing is there to read now (in the reading process)."""
+        return not self.reader.poll()
 
     def close(self) -> None:
         """Close this process's ends; the writer thread ends, what it had not written is dropped (idempotent)."""
@@ -169,5 +186,5 @@ class JobQueue:
             thread = self._thread
             if thread is not None and thread is not threading.current_thread():
                 thread.join(timeout=2 * _WRITER_POLL_S)
-        for end in (self._writer, self.reader):
+        for end in (self.writer, self.reader):
             end.close()
