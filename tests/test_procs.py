@@ -343,6 +343,40 @@ def test_a_result_naming_a_block_by_id_never_overtakes_the_one_carrying_it():
     assert got == expected == [0.0, 1.0, 2.0, 3.0]
 
 
+class _PipeSized(Dataset):
+    """Results that do not travel in the arena, some bigger than a pipe holds (64 KiB on Linux)."""
+
+    def __len__(self) -> int:
+        return 24
+
+    def __getitem__(self, i: int) -> dict:
+        size = (3 << 16) + i if i % 3 == 0 else 100 + i
+        return {"i": i, "blob": bytes([i]) * size, "array": np.full(i + 1, i, dtype=np.int64)}
+
+
+@pytest.mark.parametrize("in_order", [True, False])
+def test_results_bigger_than_the_pipe_from_two_threads_of_a_child_arrive_whole(in_order):
+    # Both worker threads of one child write to its one result pipe; what a
+    # full pipe does not take waits in the child until the training loop,
+    # slow to read, makes room.
+    kwargs = dict(batch_size=None, num_workers=2, multiprocessing_context=FORK, timeout=30, in_order=in_order)
+
+    def read_slowly(loader):
+        out = []
+        for k, r in enumerate(loader):
+            if k < 3:
+                time.sleep(0.2)
+            out.append((r["i"], r["blob"], r["array"].tolist()))
+        return out
+
+    got = read_slowly(ThreadDataLoader(_PipeSized(), worker_processes=1, **kwargs))
+    expected = read_slowly(DataLoader(_PipeSized(), **kwargs))
+    if not in_order:
+        got, expected = sorted(got), sorted(expected)
+    assert got == expected
+    assert all(len(blob) == ((3 << 16) + i if i % 3 == 0 else 100 + i) for i, blob, _ in got)
+
+
 # --- arguments ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("value,num_workers,match", [
@@ -557,6 +591,7 @@ def test_a_child_reaped_by_someone_else_is_still_seen_dead(monkeypatch):
     process.close()
 
 
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")  # the writer thread ends quietly
 def test_a_pool_stopped_on_the_thread_that_writes_a_childs_jobs_does_not_wait_for_that_child(monkeypatch):
     # A garbage collection can run a dropped iterator's stop() on the thread
     # that writes a child's backlog of jobs: the None telling that child to

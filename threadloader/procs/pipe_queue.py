@@ -124,7 +124,10 @@ class PipeQueue:
 
     def _drain(self) -> None:
         """The writer thread: write the backlog as the pipe makes room, until the queue is closed."""
-        fd = self.writer.fileno()
+        with self._lock:  # close() may have come first (a collection on the putting thread): its ends are gone
+            if self._closed:
+                return
+            fd = self.writer.fileno()
         poller = select.poll()
         poller.register(fd, select.POLLOUT)
         while True:
