@@ -936,6 +936,32 @@ def test_zoo_targets_name_the_worst_cell() -> None:
                                              *[zoo.ZooRow("a", 2, n, None, None, None, "failed: x") for n in zoo.LOADERS[1:]]])
 
 
+def test_zoo_names_the_cells_where_a_loader_faults_more_pages_than_dataloader(monkeypatch) -> None:
+    """Page faults per sample: the median of the rounds, and a note naming the cells above DataLoader's."""
+    from threadloader.bench import zoo, zoo_data
+
+    faults = {zoo.BASELINE: [2.0, 3.0, 4.0], zoo.THREADS: [400.0, 300.0, 500.0], zoo.PROCESSES: [5.0, 6.0, 7.0]}
+    calls: dict[str, int] = {}
+
+    def fake_cell(name, *args):
+        k = calls[name] = calls.get(name, -1) + 1
+        return zoo.Timed(10.0, False, faults[name][k] if name in faults else None)
+
+    monkeypatch.setattr(zoo, "time_cell", fake_cell)
+    monkeypatch.setattr(zoo, "build_workload", lambda *a: (None, None))
+    rows = zoo.measure_zoo(zoo_data.WORKLOADS[:1], [2], zoo_data.SCALES["smoke"], rounds=3, cache_dir=None,
+                           processes=None, progress=False)
+    by_loader = {r.loader: r.faults for r in rows}
+    assert by_loader == {zoo.BASELINE: 3.0, zoo.DEFAULT: None, zoo.THREADS: 400.0, zoo.PROCESSES: 6.0}
+    name = zoo_data.WORKLOADS[0].name
+    assert zoo.format_zoo_table(rows).splitlines()[-1] == (
+        f"page faults per sample (median): {name} w=2 threads 400 (DataLoader 3)")
+    calm = [r._replace(faults=3.0 if r.faults is not None else None) for r in rows]
+    assert zoo.format_zoo_table(calm).splitlines()[-1] == (
+        "page faults per sample (median): no loader above twice DataLoader's and 16 more")
+    assert "page faults" not in zoo.format_zoo_table([r._replace(faults=None) for r in rows])
+
+
 def test_torch_call_cost_times_the_routing(monkeypatch) -> None:
     from threadloader.bench import torch_call
     from threadloader.worker import rng as _rng

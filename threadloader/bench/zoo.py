@@ -86,6 +86,8 @@ class ZooRow(NamedTuple):
     #: The lowest and highest of the rounds' ratios (None when a round failed).
     low: float | None = None
     high: float | None = None
+    #: The median of the rounds' page faults per sample (this process and its children; None: unknown).
+    faults: float | None = None
 
 
 def zoo_processes(workers: int, requested: int | None = None) -> int:
@@ -121,6 +123,7 @@ class Timed(NamedTuple):
 
     rate: float  # samples (items, unbatched) per second
     moved: bool  # the default's workers ended in processes
+    faults: float | None = None  # page faults per sample, this process and its children (None: unknown)
 
 
 def time_cell(
@@ -139,7 +142,8 @@ def time_cell(
     if not m.complete or m.seconds <= 0:
         raise BenchError(f"{name}: {m.timed_items} items timed, expected {timed}")
     stats = loader.stats() if name == DEFAULT else None
-    return Timed(m.img_per_s, stats is not None and stats.mode.startswith("processes"))
+    faults = m.page_faults / m.images if m.page_faults is not None and m.images else None
+    return Timed(m.img_per_s, stats is not None and stats.mode.startswith("processes"), faults)
 
 
 def _timed(workload: Workload, scale: Scale) -> int:
@@ -176,6 +180,7 @@ def measure_zoo(
     built = {w.name: build_workload(w, scale, cache_dir) for w in workloads}
     rates: dict[tuple[str, int, str], list[float]] = {}
     moves: dict[tuple[str, int, str], int] = {}  # rounds in which the default moved into processes
+    faults: dict[tuple[str, int, str], list[float]] = {}
     errors: dict[tuple[str, int, str], str] = {}
     for r in range(rounds):
         t0 = time.perf_counter()
@@ -191,6 +196,8 @@ def measure_zoo(
                         timing = time_cell(name, dataset, collate, w.batch_size, n, _timed(w, scale), p)
                         rates.setdefault(key, []).append(timing.rate)
                         moves[key] = moves.get(key, 0) + timing.moved
+                        if timing.faults is not None:
+                            faults.setdefault(key, []).append(timing.faults)
                     except Exception as e:  # noqa: BLE001 - one failed cell must not end the zoo
                         errors[key] = f"failed: {type(e).__name__}: {e}".splitlines()[0][:160]
         if progress:
@@ -209,8 +216,10 @@ def measure_zoo(
                 ratio = statistics.median(ratios) if ratios else None
                 procs = {THREADS: 0, PROCESSES: p}.get(name)
                 moved = moves.get(key, 0) if name == DEFAULT and timed else None
+                faulted = faults.get(key)
                 rows.append(ZooRow(w.name, n, name, rate, ratio, procs, errors.get(key, ""), moved, len(timed),
-                                   min(ratios, default=None), max(ratios, default=None)))
+                                   min(ratios, default=None), max(ratios, default=None),
+                                   statistics.median(faulted) if faulted and key not in errors else None))
     return rows
 
 
@@ -234,7 +243,30 @@ def format_zoo_table(rows: Sequence[ZooRow]) -> str:
     if any(r.moved is not None for r in rows):
         notes.append("default moved into processes in: " + (", ".join(moved) if moved else "no cell")
                      + "; elsewhere it stayed on threads")
+    faulting = _faulting(rows, by_key)
+    if faulting is not None:
+        notes.append(faulting)
     return "\n".join(lines + notes)
+
+
+#: A loader "faults more" than DataLoader in a cell from twice DataLoader's page faults per sample and this many more.
+FAULTS_MORE = 16
+
+
+def _faulting(rows: Sequence[ZooRow], by_key: dict[tuple[str, int, str], ZooRow]) -> str | None:
+    """The note on page faults per sample: the cells where a loader faults more than DataLoader (None: unknown)."""
+    known = [r for r in rows if r.loader != BASELINE and r.faults is not None]
+    more = []
+    for r in known:
+        base = by_key.get((r.workload, r.workers, BASELINE))
+        if base is None or base.faults is None:
+            continue
+        if r.faults >= max(2 * base.faults, base.faults + FAULTS_MORE):
+            more.append(f"{r.workload} w={r.workers} {r.loader} {r.faults:.0f} (DataLoader {base.faults:.0f})")
+    if not known:
+        return None
+    return ("page faults per sample (median): "
+            + ("; ".join(more) if more else f"no loader above twice DataLoader's and {FAULTS_MORE} more"))
 
 
 def _p(rows: Sequence[ZooRow], name: str) -> str:

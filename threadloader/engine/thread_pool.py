@@ -16,6 +16,7 @@ import threading
 import time
 from typing import Any
 
+from .._platform import malloc
 from ..stats.counters import WorkerCounters
 from ..worker import inherit
 from ..worker.copies import WorkerParts, retire, worker_parts
@@ -114,6 +115,8 @@ class ThreadPool:
         # Each worker starts as a forked worker process would: in the grad
         # mode and contextvars of the thread starting the pool (threadloader.worker.inherit).
         caller = inherit.capture()
+        # Threads that allocate big blocks fault fresh pages on each one until glibc's thresholds rise.
+        malloc.settle()
         self._finished: set[int] = set()  # workers whose thread is done with its copies
         self._threads = [
             threading.Thread(target=_run_worker, args=(caller, shared, cfg, w, parts, self._finished),

@@ -95,7 +95,7 @@ def _loader_alive(parent_pid: int | None) -> bool:
 def child_main(
     cfg: WorkerConfig,
     worker_ids: list[int],
-    jobs: Any,
+    jobs: PipeQueue,
     results: PipeQueue,
     counters: torch.Tensor,
     parent_pid: int,

@@ -28,6 +28,7 @@ from ..stats.cpu import process_cpu_seconds
 from ..worker import inherit
 from ..worker.copies import retire
 from .counters import CPU
+from .pipe_queue import PipeQueue
 from .readers import Readers
 from .wire import NEW_EPOCH, RELEASED, job_of
 
@@ -56,7 +57,7 @@ class Dispatcher:
         poll_s: how often the loader is watched while no job comes.
     """
 
-    def __init__(self, jobs: Any, arena: Any, array: Any, row: int, loader_alive: Callable[[], bool],
+    def __init__(self, jobs: PipeQueue, arena: Any, array: Any, row: int, loader_alive: Callable[[], bool],
                  poll_s: float) -> None:
         self._jobs = jobs
         self._arena = arena
