@@ -256,6 +256,8 @@ FAULTS_MORE = 16
 def _faulting(rows: Sequence[ZooRow], by_key: dict[tuple[str, int, str], ZooRow]) -> str | None:
     """The note on page faults per sample: the cells where a loader faults more than DataLoader (None: unknown)."""
     known = [r for r in rows if r.loader != BASELINE and r.faults is not None]
+    if not known:
+        return None
     more = []
     for r in known:
         base = by_key.get((r.workload, r.workers, BASELINE))
@@ -263,8 +265,6 @@ def _faulting(rows: Sequence[ZooRow], by_key: dict[tuple[str, int, str], ZooRow]
             continue
         if r.faults >= max(2 * base.faults, base.faults + FAULTS_MORE):
             more.append(f"{r.workload} w={r.workers} {r.loader} {r.faults:.0f} (DataLoader {base.faults:.0f})")
-    if not known:
-        return None
     return ("page faults per sample (median): "
             + ("; ".join(more) if more else f"no loader above twice DataLoader's and {FAULTS_MORE} more"))
 
