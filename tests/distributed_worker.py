@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 from pathlib import Path
 from typing import Any
@@ -186,6 +187,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
 
+    # The oracle's forkserver imports torch once: its workers then start in
+    # a fraction of a second instead of importing torch each.
+    multiprocessing.set_forkserver_preload(["torch", "threadloader"])
     dist.init_process_group("gloo")
     try:
         rank, world = dist.get_rank(), dist.get_world_size()

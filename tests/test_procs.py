@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import gc
 import json
 import multiprocessing
@@ -427,12 +428,20 @@ class _ExitsAt1(Dataset):
         return i
 
 
-def test_a_worker_process_exiting_is_raised_where_dataloader_raises_it():
-    death = r"^DataLoader worker \(pid\(s\) \d+\) exited unexpectedly"
+_PROCESS_DEATH = r"^DataLoader worker \(pid\(s\) \d+\) exited unexpectedly"
+
+
+@functools.cache
+def _dataloader_outcomes_when_a_worker_exits() -> tuple:
+    """DataLoader's outcomes over ``_ExitsAt1``: taken once, as it waits out its status check (seconds)."""
     with no_sigchld_handler():  # its raise could land inside next() and lose a batch
-        expected = outcomes(DataLoader(_ExitsAt1(), batch_size=None, num_workers=2), death=death)
+        return tuple(outcomes(DataLoader(_ExitsAt1(), batch_size=None, num_workers=2), death=_PROCESS_DEATH))
+
+
+def test_a_worker_process_exiting_is_raised_where_dataloader_raises_it():
+    expected = list(_dataloader_outcomes_when_a_worker_exits())
     got = outcomes(ThreadDataLoader(_ExitsAt1(), batch_size=None, num_workers=2, worker_processes=2,
-                                    multiprocessing_context=FORK), death=death)
+                                    multiprocessing_context=FORK), death=_PROCESS_DEATH)
     assert expected == [0, "exited", 2, 4, 5, "StopIteration"]
     assert got == expected
 
