@@ -108,8 +108,9 @@ def test_core_loader_benchmark(capsys: pytest.CaptureFixture) -> None:
         assert r["dataloader_items_s"] > 0 and r["thread_items_s"] > 0
         assert r["speedup"] == pytest.approx(r["thread_items_s"] / r["dataloader_items_s"])
         assert r["floor_items_s"] > 0 and r["of_floor"] == pytest.approx(r["thread_items_s"] / r["floor_items_s"])
+        assert r["floor_speedup"] == pytest.approx(r["floor_items_s"] / r["dataloader_items_s"])
     out = capsys.readouterr().out
-    assert "speedup" in out and "unbatched" in out and "batch 64" in out and "of floor" in out
+    assert "speedup" in out and "unbatched" in out and "batch 64" in out and "of floor" in out and "floor x" in out
 
 
 def test_core_loader_benchmark_floor_delivers_every_task_once() -> None:

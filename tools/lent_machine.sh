@@ -19,12 +19,18 @@
 #   pipeline  the swapped import alone (examples/image_pipeline_benchmark.py:
 #             ImageFolder + PIL transforms, unchanged user code) at 16 workers,
 #             worker_processes 4 and 16.
+#   zoo       python -m threadloader bench --zoo at 8, 16 and 32 workers, 2 rounds:
+#             DataLoader against the default, threads and processes on every
+#             workload. If one call would pass the 600 s limit, split the
+#             workloads over two calls (ZOO_WORKLOADS=trivial,json-tokenize,npy,torch-heavy
+#             with OUT=bench-out/zoo-a, then the rest with OUT=bench-out/zoo-b).
 #
-# WORKERS, COPIES, MAX_BATCHES, BATCHES and PROCESSES override the sizes (a 2-core smoke
-# run: WORKERS=1,2 COPIES=1 MAX_BATCHES=2 BATCHES=2 bash tools/lent_machine.sh bench).
+# WORKERS, COPIES, MAX_BATCHES, BATCHES, PROCESSES, ROUNDS and ZOO_WORKLOADS override the
+# sizes (a 2-core smoke run: WORKERS=1,2 COPIES=1 MAX_BATCHES=2 BATCHES=2 bash
+# tools/lent_machine.sh bench; ROUNDS=1 WORKERS=2 ZOO_WORKLOADS=trivial bash tools/lent_machine.sh zoo).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-mode=${1:?usage: $0 bench|pipeline}
+mode=${1:?usage: $0 bench|pipeline|zoo}
 out=${OUT:-bench-out}
 mkdir -p "$out"
 if compgen -G ".whl/*.whl" >/dev/null; then
@@ -72,8 +78,15 @@ EOF
                 --batches "${BATCHES:-60}" --cache-dir "$data" 2>&1 | tee "$out/pipeline-p$p.log"
         done
         ;;
+    zoo)
+        python3 -c 'import matplotlib' || { echo "matplotlib is missing: carry its wheel too" >&2; exit 1; }
+        zoo_workloads=()
+        if [ -n "${ZOO_WORKLOADS:-}" ]; then zoo_workloads=(--zoo-workloads "$ZOO_WORKLOADS"); fi
+        python3 -m threadloader bench --zoo --workers "${WORKERS:-8,16,32}" --rounds "${ROUNDS:-2}" \
+            "${zoo_workloads[@]}" --cache-dir "$data" --out "$out" --no-progress 2>&1 | tee "$out/console.log"
+        ;;
     *)
-        echo "usage: $0 bench|pipeline" >&2
+        echo "usage: $0 bench|pipeline|zoo" >&2
         exit 2
         ;;
 esac
