@@ -335,6 +335,8 @@ MODES: tuple[Mode, ...] = (
          in_children=True),
     # The default, made to move its threads into processes after the first batch.
     Mode("adaptive", lambda processes: dict(multiprocessing_context="fork"), env={"THREADLOADER_MOVE_AFTER": "1"}),
+    # The default, made to move its threads into the consumer's thread after the first batch.
+    Mode("inline", lambda processes: {}, env={"THREADLOADER_INLINE_AFTER": "1"}),
 )
 
 

@@ -214,8 +214,8 @@ def test_workers_stay_threads_when_the_processes_do_not_start(monkeypatch):
 
     real = adaptive_pool.AdaptivePool.__init__
 
-    def init(self, cfg, report, start_processes):
-        real(self, cfg, report, lambda cfg: refuse(self, cfg))
+    def init(self, cfg, report, start_processes, inline_blocked=None):
+        real(self, cfg, report, lambda cfg: refuse(self, cfg), inline_blocked)
 
     monkeypatch.setattr(adaptive_pool.AdaptivePool, "__init__", init)
     kwargs = dict(batch_size=4, shuffle=True, num_workers=2)
@@ -244,7 +244,9 @@ def test_move_after_variable_must_be_a_count(monkeypatch):
 @pytest.mark.parametrize("kwargs, why", [
     (dict(worker_processes=0), "threads (worker_processes=0)"),
     (dict(worker_processes=2), "processes (worker_processes=2)"),
-    (dict(), "threads (adaptive: the workers move into processes if they hold the GIL)"),
+    (dict(), "threads (adaptive: the workers move into processes if they hold the GIL, "
+             "or into the consumer's thread if their tasks cost less than the hand-offs)"),
+    (dict(timeout=5), "threads (adaptive: the workers move into processes if they hold the GIL)"),
 ])
 def test_stats_say_which_mode_runs_and_why(kwargs, why):
     loader = ThreadDataLoader(Squares(8), batch_size=2, num_workers=2, multiprocessing_context=FORK, **kwargs)

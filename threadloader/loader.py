@@ -14,6 +14,7 @@ from . import procs as _procs
 from . import resume as _state
 from ._platform import torch_compat as _torch_compat
 from .engine import ResumableSingleIter, ThreadedLoaderIter, start_thread_pool
+from .engine.inline_pool import start_inline_pool
 from .engine.protocol import Mode, ModeReport, PoolFactory, WorkerConfig
 from .images import buffers as _pool  # noqa: F401 - registers the batch buffers' reservations (engine hooks)
 from .stats.counters import LoaderStats
@@ -186,16 +187,19 @@ class ThreadDataLoader(DataLoader[_T_co]):
             return start_thread_pool
         processes = _procs.process_pool_factory(self.num_workers, self.multiprocessing_context, prefetch)
         if report is not None and report.settled:  # an earlier iterator moved, or could not: later ones start there
-            return processes if report.mode is Mode.PROCESSES else start_thread_pool
+            return {Mode.PROCESSES: processes, Mode.INLINE: start_inline_pool}.get(report.mode, start_thread_pool)
         why = _adaptive.ineligible(self)
         if why is not None:
             self._mode_report = ModeReport(Mode.THREADS, f"adaptive: stays on threads, {why}")
             return start_thread_pool
-        self._mode_report = report = ModeReport(Mode.THREADS,
-                                                "adaptive: the workers move into processes if they hold the GIL")
+        inline_blocked = _adaptive.inline_ineligible(self)
+        self._mode_report = report = ModeReport(Mode.THREADS, (
+            "adaptive: the workers move into processes if they hold the GIL"
+            if inline_blocked else "adaptive: the workers move into processes if they hold the GIL, "
+            "or into the consumer's thread if their tasks cost less than the hand-offs"))
 
         def make(cfg: WorkerConfig) -> _adaptive.AdaptivePool:
-            return _adaptive.AdaptivePool(cfg, report, processes)
+            return _adaptive.AdaptivePool(cfg, report, processes, inline_blocked)
 
         return make
 

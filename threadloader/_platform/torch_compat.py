@@ -23,6 +23,7 @@ Two behaviours of torch have to be adjusted for worker *threads*:
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import copy
 import math
 import threading
@@ -70,6 +71,7 @@ __all__ = [
     "pin_function_tables",
     "context_device_type",
     "function_mode_depth",
+    "CONTEXT_VARS",
 ]
 
 #: torch's base iterator: draws the base seed, builds the sampler iterator,
@@ -87,20 +89,26 @@ SingleProcessDataLoaderIter = _dl._SingleProcessDataLoaderIter
 DatasetKind = _dl._DatasetKind
 WorkerInfo = _worker.WorkerInfo
 
-_tls = threading.local()
+#: The calling worker's info, and whether it is hidden from ``get_worker_info`` (see
+#: :func:`worker_info_hidden`). Context variables: each thread starts with its own, and
+#: a worker run in the consumer's thread keeps its own in its own context.
+_THREAD_INFO: contextvars.ContextVar[Any] = contextvars.ContextVar("threadloader_worker_info", default=None)
+_INFO_HIDDEN: contextvars.ContextVar[bool] = contextvars.ContextVar("threadloader_worker_info_hidden", default=False)
+#: This module's context variables: a worker sets its own, never inherits them.
+CONTEXT_VARS = frozenset({_THREAD_INFO, _INFO_HIDDEN})
 _install_lock = threading.Lock()
 renew_after_fork(__name__, "_install_lock")
 _installed = False
 
 
 def set_thread_worker_info(info: Any) -> None:
-    """Set (or clear with None) the worker info seen by the current thread."""
-    _tls.info = info
+    """Set (or clear with None) the worker info seen by the current thread (its current context)."""
+    _THREAD_INFO.set(info)
 
 
 def get_thread_worker_info() -> Any:
     """The current thread's own worker info (None: not a worker thread)."""
-    return getattr(_tls, "info", None)
+    return _THREAD_INFO.get()
 
 
 def set_process_worker_info(info: Any) -> None:
@@ -331,10 +339,9 @@ default_collate_fn_map = _collate.default_collate_fn_map
 def _thread_aware_get_worker_info():  # pragma: no cover - body runs as torch's
     # Runs with torch.utils.data._utils.worker's globals (its code object is
     # installed into torch's function), hence the names below.
-    tls = _threadloader_tls  # noqa: F821
-    info = getattr(tls, "info", None)
+    info = _threadloader_info.get()  # noqa: F821
     if info is not None:
-        return None if getattr(tls, "hide", False) else info
+        return None if _threadloader_info_hidden.get() else info  # noqa: F821
     return _worker_info  # noqa: F821
 
 
@@ -350,12 +357,11 @@ original_collate_tensor: Callable[..., Any] = _collate.collate_tensor_fn
 @contextlib.contextmanager
 def worker_info_hidden() -> Iterator[None]:
     """Within it, the calling thread's ``get_worker_info()`` answers None (this thread only)."""
-    previous = getattr(_tls, "hide", False)
-    _tls.hide = True
+    token = _INFO_HIDDEN.set(True)
     try:
         yield
     finally:
-        _tls.hide = previous
+        _INFO_HIDDEN.reset(token)
 
 
 def replace_collate_tensor(collate_tensor: Callable[..., Any]) -> None:
@@ -378,7 +384,8 @@ def install() -> None:
                     "threadloader: this torch version's get_worker_info is not the expected "
                     "module-global lookup; threadloader's adapter needs updating"
                 )
-            _worker._threadloader_tls = _tls
+            _worker._threadloader_info = _THREAD_INFO
+            _worker._threadloader_info_hidden = _INFO_HIDDEN
             target.__code__ = _thread_aware_get_worker_info.__code__
         _installed = True
 
@@ -506,6 +513,9 @@ def top_function_mode() -> Any:
 
 #: Remove and return the calling thread's innermost torch function mode.
 pop_function_mode: Callable[[], Any] = torch._C._pop_torch_function_stack
+
+#: Make a mode (one :data:`pop_function_mode` returned) the calling thread's innermost again.
+push_function_mode: Callable[[Any], None] = torch._C._push_on_torch_function_stack
 
 
 # --- DataPipes (torch.utils.data.datapipes) -------------------------------------

@@ -1,6 +1,9 @@
 """The adaptive mode's pool: :class:`AdaptivePool`.
 
-It starts a loader's workers as threads of this process. When the loader's
+It starts a loader's workers as threads of this process. When their tasks
+cost less than handing them to a thread and back (:class:`.policy.HandoffWatch`),
+it moves them into the consumer's thread
+(:class:`threadloader.engine.inline_pool.InlinePool`). When the loader's
 stats find them GIL-bound (busy threads taking turns on one core while cores
 stand idle: :mod:`threadloader.stats.gil`) and their tasks cost enough for
 processes to pay (:mod:`.policy`), it moves them into child processes, one
@@ -19,9 +22,10 @@ worker per process as in DataLoader, in the middle of the epoch:
    serve on while one task takes long (``in_order=False`` shows it), and so
    do these.
 4. When the last one has answered (read by the consumer, in :meth:`get`),
-   the process pool starts with the handoffs: each child's worker goes on
-   where its thread stopped, with no ``worker_init_fn`` run again. The jobs
-   taken back and held go to it in their order, and the threads stop.
+   the process pool (or the inline pool) starts with the handoffs: each
+   worker goes on where its thread stopped, with no ``worker_init_fn`` run
+   again. The jobs taken back and held go to it in their order, and the
+   threads stop.
 
 Every worker runs the same jobs in the same order whichever side runs them,
 so batches, random streams and errors are those of an unmoved run. If the
@@ -32,12 +36,14 @@ go on with the jobs held and the mode stays threads for good.
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import queue
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from .._platform import thread_origin
+from ..engine.inline_pool import InlinePool
 from ..engine.protocol import PARK_TASK, STOPPED_MESSAGE, Job, Kind, Message, Mode, ModeReport, Pool, WorkerConfig
 from ..engine.thread_pool import ThreadPool
 from ..stats.gil import GilBound
@@ -52,6 +58,19 @@ GO_ON_AFTER_S = 0.1
 _COUNTED = ("fetch_s", "collate_s", "pin_s", "epoch", "epoch_items", "tasks")
 
 
+def _in_task_order(held: dict[int, list[Job]]) -> Iterator[tuple[int, Job]]:
+    """The held jobs as ``(worker_id, job)``, each worker's in its order, merged in the epochs' task order.
+
+    The inline pool runs jobs in the order it gets them: the consumer's next
+    task comes first, and an error or a death surfaces where its task is due.
+    """
+    def tagged(w: int, jobs: list[Job]) -> Iterator[tuple[int, Job]]:
+        return ((w, job) for job in jobs)
+
+    return heapq.merge(*(tagged(w, jobs) for w, jobs in held.items()),
+                       key=lambda item: (item[1].generation, item[1].task))
+
+
 class AdaptivePool:
     """A :class:`~threadloader.engine.protocol.Pool` whose worker threads move into processes when they hold the GIL.
 
@@ -60,10 +79,19 @@ class AdaptivePool:
         report: the loader's mode report, updated here when the mode changes.
         start_processes: starts the process pool the workers move into,
             given ``cfg`` with their handoffs (one worker per process).
+        inline_blocked: why the workers may not move into the consumer's
+            thread (:func:`.policy.inline_ineligible`), or None: they may.
     """
 
-    def __init__(self, cfg: WorkerConfig, report: ModeReport, start_processes: Callable[[WorkerConfig], Pool]) -> None:
-        self._move_after = policy.forced_move_after()  # before any thread starts: it may raise
+    def __init__(self, cfg: WorkerConfig, report: ModeReport, start_processes: Callable[[WorkerConfig], Pool],
+                 inline_blocked: str | None = None) -> None:
+        # Before any thread starts: they may raise.
+        self._move_after = policy.forced_move_after()
+        inline_after = policy.forced_inline_after()
+        #: Where the workers go when they move.
+        self._target = Mode.PROCESSES
+        if inline_after is not None and inline_blocked is None:
+            self._move_after, self._target = inline_after, Mode.INLINE
         self._cfg = cfg
         self._report = report
         self._start_processes = start_processes
@@ -83,10 +111,14 @@ class AdaptivePool:
         self._lock = threading.Lock()
         self._started = time.monotonic()
         self._verdict: GilBound | None = None
+        #: Watches whether the tasks cost less than their hand-offs (None: not watched).
+        self._watch: policy.HandoffWatch | policy.InlineWatch | None = (
+            policy.HandoffWatch(self._threads.counters) if inline_blocked is None and self._move_after is None else None)
+        self._watch_seen: policy.HandoffWatch | None = None  # the look that moved them into the consumer's thread
         self._delivered = 0
         if self._move_after == 0:
             self._move_after = None
-            self.move()
+            self.move(self._target)
 
     # --- Pool ---------------------------------------------------------------------
     @property
@@ -140,8 +172,8 @@ class AdaptivePool:
     # --- the move -----------------------------------------------------------------
     def on_gil_bound(self, verdict: GilBound) -> bool:
         """Move the workers into processes if that pays (True: acted on, no warning)."""
-        if self._held is not None:
-            return True
+        if self._held is not None or isinstance(self._current, InlinePool):
+            return True  # moving, or the consumer runs the tasks: nothing to warn of
         if self._current is not self._threads or self._gave_up or self._stopped:
             return False
         if not policy.worth_moving(verdict):
@@ -151,10 +183,13 @@ class AdaptivePool:
             )
             return False
         self._verdict = verdict
-        return self.move()
+        return self.move(Mode.PROCESSES)
 
-    def move(self) -> bool:
-        """Begin moving the workers into processes: they park after the task each is on.
+    def move(self, target: Mode = Mode.PROCESSES) -> bool:
+        """Begin moving the workers into processes, or into the consumer's thread: they park after the task each is on.
+
+        Args:
+            target: ``Mode.PROCESSES`` or ``Mode.INLINE``.
 
         Returns:
             False: a worker thread has ended (it died), so they stay threads.
@@ -165,7 +200,9 @@ class AdaptivePool:
             if not all(thread.is_alive() for thread in self._threads.threads):
                 self._give_up("a worker thread had died")
                 return False
-            strangers = self._threads_started_by_workers()
+            self._target = target
+            self._watch = None
+            strangers = self._threads_started_by_workers() if target is Mode.PROCESSES else []
             if strangers:
                 self._give_up(f"threads the workers started ({', '.join(strangers)}) would be "
                               "missing in a worker process")
@@ -232,8 +269,15 @@ class AdaptivePool:
         deadline = None if timeout is None else time.monotonic() + timeout
         if self._held is None and self._move_after is None:
             # Not moving, no forced move to count (the consumer's path per batch):
-            # only a late park answer needs this pool.
-            message = self._current.results.get(block, timeout)
+            # only a late park answer, or a look at the hand-offs' cost, needs this pool.
+            watch = self._watch
+            if watch is None:
+                message = self._current.results.get(block, timeout)
+            else:
+                t0 = time.perf_counter()
+                message = self._current.results.get(block, timeout)
+                if watch.add(time.perf_counter() - t0):
+                    self._act_on(watch)
             if message.kind is not Kind.PARKED:
                 return message
             self._on_parked(message.worker_id, message.payload)
@@ -263,7 +307,7 @@ class AdaptivePool:
                 self._delivered += 1
                 if self._delivered >= self._move_after:
                     self._move_after = None
-                    self.move()
+                    self.move(self._target)
             return message
 
     def _finish_move(self) -> None:
@@ -272,10 +316,12 @@ class AdaptivePool:
             if self._held is None or self._stopped:
                 return
             cfg = dataclasses.replace(self._cfg, handoffs=dict(self._parked), worker_states=None)
+            inline = self._target is Mode.INLINE
             try:
-                processes = self._start_processes(cfg)
+                processes = InlinePool(cfg, self._threads.caller) if inline else self._start_processes(cfg)
             except Exception as e:  # noqa: BLE001 - the threads go on: nothing is lost
-                self._abort_move_locked(f"starting the worker processes failed: {e!r}")
+                where = "the workers in the consumer's thread" if inline else "the worker processes"
+                self._abort_move_locked(f"starting {where} failed: {e!r}")
                 return
             threads = self._threads
             for old, new in zip(threads.counters, processes.counters):
@@ -284,17 +330,75 @@ class AdaptivePool:
             # From here stop() stops the processes too, whatever fails next.
             held, self._held, self._parked, self._current = self._held, None, {}, processes
             self.counters[:] = processes.counters
-            self._report.mode, self._report.reason, self._report.settled = Mode.PROCESSES, self._moved_reason(), True
+            # The consumer's thread is tried each epoch (later iterators start on threads) and
+            # left if its tasks grow dear; processes are final.
+            self._report.mode, self._report.reason = self._target, self._moved_reason()
+            self._report.settled = self._target is Mode.PROCESSES
+            if self._target is Mode.INLINE and self._watch_seen is not None:
+                self._watch = policy.InlineWatch(self._watch_seen.wait_s)
             if processes.generation != threads.generation:
                 processes.new_epoch(threads.generation)
-            for w, jobs in held.items():
-                for job in jobs:
-                    processes.submit(w, job)
-        threads.stop()  # idle: they end at once, and their copies here are retired (the children have theirs)
+            for w, job in _in_task_order(held):
+                processes.submit(w, job)
+        # Idle: they end at once. Their copies here are retired (the children
+        # have theirs), unless the workers go on with them in the consumer's thread.
+        threads.stop(keep_copies=self._target is Mode.INLINE)
+
+    def _act_on(self, watch: policy.HandoffWatch | policy.InlineWatch) -> None:
+        """A watch says the workers load faster elsewhere: move them into the consumer's thread, or back to threads."""
+        if isinstance(watch, policy.HandoffWatch):
+            self._watch_seen = watch
+            self.move(Mode.INLINE)
+        else:
+            self._back_to_threads(watch)
+
+    def _back_to_threads(self, watch: policy.InlineWatch) -> None:
+        """The tasks grew dearer than their hand-offs: the workers go on as threads, for good.
+
+        Each goes on from its handoff, as into processes; its jobs not run yet follow it in order.
+        """
+        with self._lock:
+            inline = self._current
+            self._watch = None
+            if self._stopped or not isinstance(inline, InlinePool):
+                return
+            handoffs = inline.handoffs()
+            if handoffs is None:
+                return  # a worker died: the others go on where they are
+            cfg = dataclasses.replace(self._cfg, handoffs=handoffs, worker_states=None)
+            try:
+                threads = ThreadPool(cfg, list(range(self._cfg.num_workers)), caller=inline.caller)
+            except Exception:  # noqa: BLE001 - the consumer's thread goes on: nothing is lost
+                return
+            held, messages = inline.take_back()
+            for old, new in zip(inline.counters, threads.counters):
+                for name in _COUNTED:
+                    setattr(new, name, getattr(old, name))
+            for message in messages:  # before any of theirs
+                threads.results.put(message)
+            if threads.generation != inline.generation:
+                threads.new_epoch(inline.generation)
+            for w, job in _in_task_order(held):
+                threads.submit(w, job)
+            self._threads = self._current = threads
+            self.counters[:] = threads.counters
+            self._report.mode, self._report.settled = Mode.THREADS, True
+            self._report.reason = (
+                f"adaptive: back on threads {time.monotonic() - self._started:.1f} s after the workers started: "
+                f"in the consumer's thread a result took {watch.inline_s * 1e6:.1f} µs, "
+                f"with threads {watch.threads_s * 1e6:.1f} µs")
 
     def _moved_reason(self) -> str:
         n = self._cfg.num_workers
-        text = f"adaptive: moved into {n} worker processes {time.monotonic() - self._started:.1f} s after the workers started"
+        after = f"{time.monotonic() - self._started:.1f} s after the workers started"
+        if self._target is Mode.INLINE:
+            text = f"adaptive: the {n} workers moved into the consumer's thread {after}"
+            watch = self._watch_seen
+            if watch is None:
+                return f"{text}: asked for ({policy.INLINE_AFTER_ENV})"
+            return (f"{text}: a task took {watch.task_s * 1e6:.1f} µs, the consumer {watch.wait_s * 1e6:.1f} µs "
+                    "per result: the hand-offs between threads cost more than the tasks")
+        text = f"adaptive: moved into {n} worker processes {after}"
         v = self._verdict
         if v is None:
             return f"{text}: asked for ({policy.MOVE_AFTER_ENV})"

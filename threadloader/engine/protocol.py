@@ -60,6 +60,8 @@ class Mode(enum.Enum):
 
     THREADS = "threads"
     PROCESSES = "processes"
+    #: In the consumer's thread: each worker in a context of its own (:mod:`.inline_pool`).
+    INLINE = "inline"
 
 
 @dataclass

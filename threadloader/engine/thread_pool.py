@@ -88,12 +88,15 @@ class ThreadPool:
             fresh ``SimpleQueue`` when None.
         counters: per-worker counters keyed by global id; fresh
             :class:`WorkerCounters` when None.
+        caller: the state the threads start in (:func:`threadloader.worker.inherit.capture`);
+            the calling thread's when None.
     """
 
     #: Its workers are threads of this process (:class:`~.protocol.Pool`).
     in_process = True
 
-    def __init__(self, cfg: WorkerConfig, worker_ids: list[int], results: Any = None, counters: Any = None) -> None:
+    def __init__(self, cfg: WorkerConfig, worker_ids: list[int], results: Any = None, counters: Any = None,
+                 caller: inherit.CallerState | None = None) -> None:
         self._owns_results = results is None
         if results is None:
             results = queue.SimpleQueue()
@@ -114,7 +117,8 @@ class ThreadPool:
         self.replicas = {w: p.dataset for w, p in parts.items()}
         # Each worker starts as a forked worker process would: in the grad
         # mode and contextvars of the thread starting the pool (threadloader.worker.inherit).
-        caller = inherit.capture()
+        #: The starting thread's state, which the workers started in.
+        self.caller = caller = inherit.capture() if caller is None else caller
         # Threads that allocate big blocks fault fresh pages on each one until glibc's thresholds rise.
         malloc.settle()
         self._finished: set[int] = set()  # workers whose thread is done with its copies
@@ -181,12 +185,9 @@ class ThreadPool:
         Raises:
             RuntimeError: the pool was stopped.
         """
-        shared = self._shared
-        if shared.stopping:
+        if self._shared.stopping:
             raise RuntimeError(STOPPED_MESSAGE)
-        shared.generation = shared.generation + 1 if generation is None else generation
-        if seed is not None:
-            shared.epoch_seeds[shared.generation] = seed
+        self._shared.new_epoch(generation, seed)
 
     @property
     def workers(self) -> list[WorkerThreadView]:
@@ -198,8 +199,15 @@ class ThreadPool:
         """The worker threads themselves, in worker order."""
         return list(self._threads)
 
-    def stop(self) -> None:
-        """Stop and join the threads (idempotent), dropping undelivered results."""
+    def stop(self, keep_copies: bool = False) -> None:
+        """Stop and join the threads (idempotent), dropping undelivered results.
+
+        Args:
+            keep_copies: leave the workers' copies as they are: they were
+                handed over to go on in this process (else they are retired).
+        """
+        if keep_copies:
+            self._parts.clear()  # no thread retires them as it ends (_run_worker)
         _stop_threads(self._shared, self._threads)
         # One still running retires its copies when it ends (_run_worker).
         self._retire_finished()

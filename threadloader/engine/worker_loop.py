@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import queue
 import time
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
 
@@ -80,6 +80,12 @@ class _Shared:
         #: workers' later epochs); written before the epoch's first job is queued.
         self.epoch_seeds: dict[int, int] = {}
 
+    def new_epoch(self, generation: int | None = None, seed: int | None = None) -> None:
+        """Start generation ``generation`` (default: the next one); ``seed``: an iterable DataPipe's for it."""
+        self.generation = self.generation + 1 if generation is None else generation
+        if seed is not None:
+            self.epoch_seeds[self.generation] = seed
+
     def post(self, gen: int, idx: int, worker_id: int, payload: Any) -> None:
         self.results.put(Message(Kind.DATA, gen, idx, worker_id, payload))
 
@@ -104,6 +110,47 @@ def _where(worker_id: int, what: str) -> str:
     return f"in DataLoader worker thread {worker_id} ({what})"
 
 
+class Worker(NamedTuple):
+    """A worker as :func:`become_worker` set it up."""
+
+    #: What it serves with: the loader's config with its own copies of the dataset and hooks.
+    cfg: WorkerConfig
+    #: Its set-up's failure, still due to its first task.
+    setup: _SetupError
+
+
+def become_worker(cfg: WorkerConfig, worker_id: int, parts: WorkerParts) -> Worker:
+    """Make the calling context worker ``worker_id`` (info, generators) and set it up.
+
+    A fresh worker seeds its DataPipe graph and runs ``worker_init_fn``; one
+    handed over (``cfg.handoffs``) takes its generators' states and set-up
+    outcome instead, with nothing run again.
+
+    Args:
+        parts: the worker's copies of the dataset and hooks.
+    """
+    cfg = dataclasses.replace(cfg, dataset=parts.dataset, init_fn=parts.init_fn, collate_fn=parts.collate_fn)
+    handoff = cfg.handoff(worker_id)
+    if cfg.shared_seed is not None and handoff is None:
+        # Before worker info and worker_init_fn, as in DataLoader's worker loop.
+        seed_graph(cfg.dataset, cfg.shared_seed)
+    worker.enter_worker(worker_id, cfg.num_workers, cfg.base_seed, cfg.dataset, process_wide=cfg.owns_process)
+    # A worker only ever collates for this loader: tell collate
+    # functions (frame_collate) once whether batches get pinned.
+    _context.set_collating(cfg.pin)
+    if handoff is not None:
+        # A worker moved here goes on where it stopped: set up once, as a DataLoader worker.
+        _handoff.restore(handoff.rng)
+        return Worker(cfg, _SetupError(handoff.setup_error, handoff.setup_gen))
+    return Worker(cfg, _SetupError(_set_up(cfg, worker_id)))
+
+
+def leave_worker() -> None:
+    """Undo :func:`become_worker` in the calling context."""
+    _context.set_collating(False)
+    worker.leave_worker()
+
+
 def _worker_main(shared: _Shared, cfg: WorkerConfig, worker_id: int, parts: WorkerParts) -> None:
     """Body of one worker thread: set up worker info, init, then serve tasks.
 
@@ -119,21 +166,7 @@ def _worker_main(shared: _Shared, cfg: WorkerConfig, worker_id: int, parts: Work
         limit_this_thread()
         if cfg.pin and cfg.device_index is not None:
             torch.accelerator.set_device_index(cfg.device_index)
-        cfg = dataclasses.replace(cfg, dataset=parts.dataset, init_fn=parts.init_fn, collate_fn=parts.collate_fn)
-        handoff = cfg.handoff(worker_id)
-        if cfg.shared_seed is not None and handoff is None:
-            # Before worker info and worker_init_fn, as in DataLoader's worker loop.
-            seed_graph(cfg.dataset, cfg.shared_seed)
-        worker.enter_worker(worker_id, cfg.num_workers, cfg.base_seed, cfg.dataset, process_wide=cfg.owns_process)
-        # This thread only ever collates for this loader: tell collate
-        # functions (frame_collate) once whether batches get pinned.
-        _context.set_collating(cfg.pin)
-        if handoff is not None:
-            # A worker moved here goes on where it stopped: set up once, as a DataLoader worker.
-            _handoff.restore(handoff.rng)
-            setup = _SetupError(handoff.setup_error, handoff.setup_gen)
-        else:
-            setup = _SetupError(_set_up(cfg, worker_id))
+        cfg, setup = become_worker(cfg, worker_id, parts)
         if cfg.kind == DatasetKind.Iterable:
             _serve_iterable(shared, cfg, worker_id, setup)
         else:
@@ -142,8 +175,7 @@ def _worker_main(shared: _Shared, cfg: WorkerConfig, worker_id: int, parts: Work
         if not shared.stopping:
             shared.results.put(Message(Kind.DIED, shared.generation, -1, worker_id, exc))
     finally:
-        _context.set_collating(False)
-        worker.leave_worker()
+        leave_worker()
         release_hooks()
 
 

@@ -137,12 +137,6 @@ class InlineShared(_Shared):
             return None
         return got[1]
 
-    def new_epoch(self, generation: int | None = None, seed: int | None = None) -> None:
-        """As ``ThreadPool.new_epoch``: results of older generations are stale from now on."""
-        self.generation = self.generation + 1 if generation is None else generation
-        if seed is not None:
-            self.epoch_seeds[self.generation] = seed
-
 
 def _leave_what_threads_do_not_inherit() -> None:
     """Drop what this thread holds of the thread that forked the child and a new worker thread would not.

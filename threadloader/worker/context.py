@@ -3,16 +3,19 @@
 A collate function cannot see the loader that calls it. ``frame_collate`` needs
 to know whether the loader pins its batches, so that it can allocate the batch
 buffer pinned directly instead of pinning a copy afterwards. Each worker thread
-collates for one loader only, so the engine sets this once per thread; nothing
-here is global.
+collates for one loader only, so the engine sets this once per worker, in a
+context variable (a worker run in the consumer's thread has its own context);
+nothing here is global.
 """
 
 from __future__ import annotations
 
-import threading
+import contextvars
 from typing import Any
 
-_local = threading.local()
+_PIN: contextvars.ContextVar[bool] = contextvars.ContextVar("threadloader_collating_pinned", default=False)
+#: This module's context variables: a worker sets its own, never inherits them.
+CONTEXT_VARS = frozenset({_PIN})
 
 
 def pin_memory_requested() -> bool:
@@ -22,7 +25,7 @@ def pin_memory_requested() -> bool:
         True only inside a ThreadDataLoader worker thread whose loader has
         ``pin_memory=True`` *and* an accelerator exists; False elsewhere.
     """
-    return getattr(_local, "pin", False)
+    return _PIN.get()
 
 
 def set_collating(pin: bool) -> None:
@@ -32,7 +35,7 @@ def set_collating(pin: bool) -> None:
         pin: whether results will be pinned (so may be allocated pinned, for
             the current accelerator, which is the one DataLoader pins for).
     """
-    _local.pin = pin
+    _PIN.set(pin)
 
 
 # Set once in a threadloader worker process (worker_processes > 0), never

@@ -33,9 +33,11 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from .._platform import torch_compat as _torch_compat
+from . import context as _context
 from . import rng as _rng
 
-__all__ = ["CallerState", "capture", "run_inheriting"]
+__all__ = ["CallerState", "capture", "new_context", "run_inheriting"]
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,7 @@ class CallerState:
 
 def capture() -> CallerState:
     """The calling thread's state, for the threads it is about to start."""
-    own = _rng.CONTEXT_VARS
+    own = _rng.CONTEXT_VARS | _torch_compat.CONTEXT_VARS | _context.CONTEXT_VARS
     context = tuple((var, value) for var, value in contextvars.copy_context().items() if var not in own)
     # Inference mode turns grad mode off too: is_grad_enabled() is False in it.
     return CallerState(torch.is_grad_enabled(), context, np.geterr())
@@ -61,11 +63,34 @@ def run_inheriting(state: CallerState, target: Callable[..., Any], *args: Any) -
     Returns:
         What ``target`` returned.
     """
+    _set_context(state)
+    np.seterr(**state.numpy_errors)
+    torch.set_grad_enabled(state.grad_enabled)  # a per-thread setting: for this thread's lifetime
+    return target(*args)
+
+
+def _set_context(state: CallerState) -> None:
+    """Set the starting thread's context variables in the current context."""
     decimal = sys.modules.get("decimal")
     for var, value in state.context:
         if decimal is not None and isinstance(value, decimal.Context):
             value = value.copy()  # flags and precision set here must not reach the starting thread
         var.set(value)
-    np.seterr(**state.numpy_errors)
-    torch.set_grad_enabled(state.grad_enabled)  # a per-thread setting: for this thread's lifetime
-    return target(*args)
+
+
+def new_context(state: CallerState) -> contextvars.Context:
+    """A context with the starting thread's context variables, for a worker run in that thread's own.
+
+    NumPy 2 keeps its error state there, so it is carried; NumPy 1 keeps it
+    per thread, so it is not. Grad mode is per thread: whoever runs the
+    worker's tasks in the context sets ``state.grad_enabled`` around each.
+    """
+    context = contextvars.Context()  # empty, as a new thread's
+    context.run(_set_context, state)
+    if _NUMPY_ERRORS_IN_CONTEXT:
+        context.run(np.seterr, **state.numpy_errors)
+    return context
+
+
+#: NumPy 2 keeps its error state in a context variable (NumPy 1 per thread).
+_NUMPY_ERRORS_IN_CONTEXT = int(np.__version__.split(".")[0]) >= 2
