@@ -874,6 +874,24 @@ def test_zoo_ratio_is_the_median_of_each_rounds_ratio(monkeypatch) -> None:
     assert {r.loader: r.ratio for r in rows}[zoo.THREADS] == pytest.approx(0.5)
 
 
+def test_zoo_table_says_where_the_default_moved(monkeypatch) -> None:
+    """Rounds in which the default moved into processes, and into the consumer's thread, are counted and said."""
+    from threadloader.bench import zoo, zoo_data
+
+    def fake_cell(name, *args):
+        return zoo.Timed(10.0, False, None, name == zoo.DEFAULT)
+
+    monkeypatch.setattr(zoo, "time_cell", fake_cell)
+    monkeypatch.setattr(zoo, "build_workload", lambda *a: (None, None))
+    rows = zoo.measure_zoo(zoo_data.WORKLOADS[:1], [2], zoo_data.SCALES["smoke"], rounds=2, cache_dir=None,
+                           processes=None, progress=False)
+    row = {r.loader: r for r in rows}[zoo.DEFAULT]
+    assert (row.moved, row.inlined) == (0, 2)
+    name = zoo_data.WORKLOADS[0].name
+    assert (f"default moved into processes in: no cell; into the consumer's thread in: {name} w=2 (2/2); "
+            "elsewhere it stayed on threads") in zoo.format_zoo_table(rows)
+
+
 def test_zoo_loaders_read_the_same_batches_as_dataloader(cache_dir) -> None:
     """Every loader of a zoo cell yields DataLoader's batches for the same seed: the zoo compares like with like."""
     require_torchvision()

@@ -14,7 +14,6 @@ from . import procs as _procs
 from . import resume as _state
 from ._platform import torch_compat as _torch_compat
 from .engine import ResumableSingleIter, ThreadedLoaderIter, start_thread_pool
-from .engine.inline_pool import start_inline_pool
 from .engine.protocol import Mode, ModeReport, PoolFactory, WorkerConfig
 from .images import buffers as _pool  # noqa: F401 - registers the batch buffers' reservations (engine hooks)
 from .stats.counters import LoaderStats
@@ -187,7 +186,7 @@ class ThreadDataLoader(DataLoader[_T_co]):
             return start_thread_pool
         processes = _procs.process_pool_factory(self.num_workers, self.multiprocessing_context, prefetch)
         if report is not None and report.settled:  # an earlier iterator moved, or could not: later ones start there
-            return {Mode.PROCESSES: processes, Mode.INLINE: start_inline_pool}.get(report.mode, start_thread_pool)
+            return processes if report.mode is Mode.PROCESSES else start_thread_pool
         why = _adaptive.ineligible(self)
         if why is not None:
             self._mode_report = ModeReport(Mode.THREADS, f"adaptive: stays on threads, {why}")

@@ -88,6 +88,8 @@ class ZooRow(NamedTuple):
     high: float | None = None
     #: The median of the rounds' page faults per sample (this process and its children; None: unknown).
     faults: float | None = None
+    #: The default's rounds whose workers moved into the consumer's thread (None for the other loaders).
+    inlined: int | None = None
 
 
 def zoo_processes(workers: int, requested: int | None = None) -> int:
@@ -124,6 +126,7 @@ class Timed(NamedTuple):
     rate: float  # samples (items, unbatched) per second
     moved: bool  # the default's workers ended in processes
     faults: float | None = None  # page faults per sample, this process and its children (None: unknown)
+    inlined: bool = False  # the default's workers ended in the consumer's thread
 
 
 def time_cell(
@@ -143,7 +146,8 @@ def time_cell(
         raise BenchError(f"{name}: {m.timed_items} items timed, expected {timed}")
     stats = loader.stats() if name == DEFAULT else None
     faults = m.page_faults / m.images if m.page_faults is not None and m.images else None
-    return Timed(m.img_per_s, stats is not None and stats.mode.startswith("processes"), faults)
+    mode = stats.mode if stats is not None else ""
+    return Timed(m.img_per_s, mode.startswith("processes"), faults, mode.startswith("inline"))
 
 
 def _timed(workload: Workload, scale: Scale) -> int:
@@ -180,6 +184,7 @@ def measure_zoo(
     built = {w.name: build_workload(w, scale, cache_dir) for w in workloads}
     rates: dict[tuple[str, int, str], list[float]] = {}
     moves: dict[tuple[str, int, str], int] = {}  # rounds in which the default moved into processes
+    inlines: dict[tuple[str, int, str], int] = {}  # rounds in which it moved into the consumer's thread
     faults: dict[tuple[str, int, str], list[float]] = {}
     errors: dict[tuple[str, int, str], str] = {}
     for r in range(rounds):
@@ -196,6 +201,7 @@ def measure_zoo(
                         timing = time_cell(name, dataset, collate, w.batch_size, n, _timed(w, scale), p)
                         rates.setdefault(key, []).append(timing.rate)
                         moves[key] = moves.get(key, 0) + timing.moved
+                        inlines[key] = inlines.get(key, 0) + timing.inlined
                         if timing.faults is not None:
                             faults.setdefault(key, []).append(timing.faults)
                     except Exception as e:  # noqa: BLE001 - one failed cell must not end the zoo
@@ -216,10 +222,11 @@ def measure_zoo(
                 ratio = statistics.median(ratios) if ratios else None
                 procs = {THREADS: 0, PROCESSES: p}.get(name)
                 moved = moves.get(key, 0) if name == DEFAULT and timed else None
+                inlined = inlines.get(key, 0) if name == DEFAULT and timed else None
                 faulted = faults.get(key)
                 rows.append(ZooRow(w.name, n, name, rate, ratio, procs, errors.get(key, ""), moved, len(timed),
                                    min(ratios, default=None), max(ratios, default=None),
-                                   statistics.median(faulted) if faulted and key not in errors else None))
+                                   statistics.median(faulted) if faulted and key not in errors else None, inlined))
     return rows
 
 
@@ -240,8 +247,10 @@ def format_zoo_table(rows: Sequence[ZooRow]) -> str:
         lines.append(line)
     notes = [f"{r.workload} w={r.workers} {r.loader}: {r.note}" for r in rows if r.note]
     moved = [f"{r.workload} w={r.workers} ({r.moved}/{r.rounds})" for r in rows if r.moved]
+    inlined = [f"{r.workload} w={r.workers} ({r.inlined}/{r.rounds})" for r in rows if r.inlined]
     if any(r.moved is not None for r in rows):
         notes.append("default moved into processes in: " + (", ".join(moved) if moved else "no cell")
+                     + (f"; into the consumer's thread in: {', '.join(inlined)}" if inlined else "")
                      + "; elsewhere it stayed on threads")
     faulting = _faulting(rows, by_key)
     if faulting is not None:

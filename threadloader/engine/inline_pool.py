@@ -36,7 +36,7 @@ from .protocol import STOPPED_MESSAGE, SYNC_TASK, Job, Kind, Message, WorkerConf
 from .thread_pool import parts_for
 from .worker_loop import _map_step, _SetupError, _Shared, become_worker
 
-__all__ = ["InlinePool", "InlineWorkerView", "start_inline_pool"]
+__all__ = ["InlinePool", "InlineWorkerView"]
 
 _AUTOCAST_DEVICES = ("cpu", "cuda")
 
@@ -302,8 +302,3 @@ def _autocast_devices() -> list[str]:
         except (RuntimeError, TypeError):  # pragma: no cover - a device type this torch does not know
             pass
     return on
-
-
-def start_inline_pool(cfg: WorkerConfig) -> InlinePool:
-    """A pool running all of a loader's workers in the consumer's thread (a :data:`~.protocol.PoolFactory`)."""
-    return InlinePool(cfg)
