@@ -72,6 +72,7 @@ __all__ = [
     "context_device_type",
     "function_mode_depth",
     "CONTEXT_VARS",
+    "autocast_devices",
 ]
 
 #: torch's base iterator: draws the base seed, builds the sampler iterator,
@@ -516,6 +517,18 @@ pop_function_mode: Callable[[], Any] = torch._C._pop_torch_function_stack
 
 #: Make a mode (one :data:`pop_function_mode` returned) the calling thread's innermost again.
 push_function_mode: Callable[[Any], None] = torch._C._push_on_torch_function_stack
+
+
+def autocast_devices() -> list[str]:
+    """The device types autocast is on for in the calling thread (of those a worker may meet: CPU, CUDA)."""
+    on = []
+    for device in ("cpu", "cuda"):
+        try:
+            if torch.is_autocast_enabled(device):
+                on.append(device)
+        except (RuntimeError, TypeError):  # pragma: no cover - a device type this torch does not know
+            pass
+    return on
 
 
 # --- DataPipes (torch.utils.data.datapipes) -------------------------------------

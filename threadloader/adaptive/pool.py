@@ -324,25 +324,32 @@ class AdaptivePool:
                 self._abort_move_locked(f"starting {where} failed: {e!r}")
                 return
             threads = self._threads
-            for old, new in zip(threads.counters, processes.counters):
-                for name in _COUNTED:  # the epoch's totals go on from the threads'
-                    setattr(new, name, getattr(old, name))
-            # From here stop() stops the processes too, whatever fails next.
-            held, self._held, self._parked, self._current = self._held, None, {}, processes
-            self.counters[:] = processes.counters
+            held, self._held, self._parked = self._held, None, {}
+            self._go_on_in(processes, threads, held)
             # The consumer's thread is tried each epoch (later iterators start on threads) and
             # left if its tasks grow dear; processes are final.
             self._report.mode, self._report.reason = self._target, self._moved_reason()
             self._report.settled = self._target is Mode.PROCESSES
             if self._target is Mode.INLINE and self._watch_seen is not None:
                 self._watch = policy.InlineWatch(self._watch_seen.wait_s)
-            if processes.generation != threads.generation:
-                processes.new_epoch(threads.generation)
-            for w, job in _in_task_order(held):
-                processes.submit(w, job)
         # Idle: they end at once. Their copies here are retired (the children
         # have theirs), unless the workers go on with them in the consumer's thread.
         threads.stop(keep_copies=self._target is Mode.INLINE)
+
+    def _go_on_in(self, new: Pool, old: Pool, held: dict[int, list[Job]]) -> None:
+        """``new`` takes over from ``old`` (lock held): the epoch's totals, its generation, and the held jobs.
+
+        From here stop() stops ``new`` too, whatever fails next.
+        """
+        self._current = new
+        for before, after in zip(old.counters, new.counters):
+            for name in _COUNTED:  # the epoch's totals go on from the old pool's
+                setattr(after, name, getattr(before, name))
+        self.counters[:] = new.counters
+        if new.generation != old.generation:
+            new.new_epoch(old.generation)
+        for w, job in _in_task_order(held):
+            new.submit(w, job)
 
     def _act_on(self, watch: policy.HandoffWatch | policy.InlineWatch) -> None:
         """A watch says the workers load faster elsewhere: move them into the consumer's thread, or back to threads."""
@@ -371,17 +378,10 @@ class AdaptivePool:
             except Exception:  # noqa: BLE001 - the consumer's thread goes on: nothing is lost
                 return
             held, messages = inline.take_back()
-            for old, new in zip(inline.counters, threads.counters):
-                for name in _COUNTED:
-                    setattr(new, name, getattr(old, name))
             for message in messages:  # before any of theirs
                 threads.results.put(message)
-            if threads.generation != inline.generation:
-                threads.new_epoch(inline.generation)
-            for w, job in _in_task_order(held):
-                threads.submit(w, job)
-            self._threads = self._current = threads
-            self.counters[:] = threads.counters
+            self._threads = threads
+            self._go_on_in(threads, inline, held)
             self._report.mode, self._report.settled = Mode.THREADS, True
             self._report.reason = (
                 f"adaptive: back on threads {time.monotonic() - self._started:.1f} s after the workers started: "

@@ -38,9 +38,6 @@ from .worker_loop import _map_step, _SetupError, _Shared, become_worker
 
 __all__ = ["InlinePool", "InlineWorkerView"]
 
-_AUTOCAST_DEVICES = ("cpu", "cuda")
-
-
 class _Unit(NamedTuple):
     """One worker run in the consumer's thread."""
 
@@ -112,13 +109,13 @@ class InlinePool:
         cfg: what every worker needs (a map-style dataset); ``cfg.handoffs``,
             where given, are the workers' states to go on from.
         caller: the state of the thread that started the workers, which
-            they run in (default: the calling thread's, now).
+            they run in (:func:`threadloader.worker.inherit.capture`).
     """
 
     #: Its workers run in this process (:class:`~.protocol.Pool`).
     in_process = True
 
-    def __init__(self, cfg: WorkerConfig, caller: inherit.CallerState | None = None) -> None:
+    def __init__(self, cfg: WorkerConfig, caller: inherit.CallerState) -> None:
         ids = list(range(cfg.num_workers))
         self.counters = [WorkerCounters() for _ in ids]
         self._messages = _Messages()
@@ -128,7 +125,7 @@ class InlinePool:
         self._dead: set[int] = set()
         self._lock = threading.Lock()  # stop() may come from a garbage collection in another thread
         #: The state of the thread that started the workers, which their tasks run in.
-        self.caller = caller = inherit.capture() if caller is None else caller
+        self.caller = caller
         self._grad_enabled = caller.grad_enabled
         self._units: dict[int, _Unit] = {}
         self.replicas: dict[int, Any] = {}
@@ -274,12 +271,12 @@ class InlinePool:
     def _in(self, context: contextvars.Context, fn: Any, *args: Any) -> Any:
         """``fn(*args)`` in ``context``, with this thread's torch state as a new worker thread's."""
         if (torch.is_grad_enabled() is self._grad_enabled and _torch_compat.function_mode_depth() == 0
-                and not torch.is_inference_mode_enabled() and not _autocast_devices()):
+                and not torch.is_inference_mode_enabled() and not _torch_compat.autocast_devices()):
             return context.run(fn, *args)
         modes = []
         while _torch_compat.function_mode_depth():
             modes.append(_torch_compat.pop_function_mode())
-        autocast = _autocast_devices()
+        autocast = _torch_compat.autocast_devices()
         try:
             for device in autocast:
                 torch.set_autocast_enabled(device, False)
@@ -290,15 +287,3 @@ class InlinePool:
                 torch.set_autocast_enabled(device, True)
             for mode in reversed(modes):
                 _torch_compat.push_function_mode(mode)
-
-
-def _autocast_devices() -> list[str]:
-    """The devices autocast is on for in the calling thread."""
-    on = []
-    for device in _AUTOCAST_DEVICES:
-        try:
-            if torch.is_autocast_enabled(device):
-                on.append(device)
-        except (RuntimeError, TypeError):  # pragma: no cover - a device type this torch does not know
-            pass
-    return on

@@ -147,12 +147,8 @@ def _leave_what_threads_do_not_inherit() -> None:
     """
     while _torch_compat.top_function_mode() is not None:
         _torch_compat.pop_function_mode()
-    for device in ("cpu", "cuda"):
-        try:
-            if torch.is_autocast_enabled(device):
-                torch.set_autocast_enabled(device, False)
-        except (RuntimeError, TypeError):  # pragma: no cover - a device type this torch does not know
-            pass
+    for device in _torch_compat.autocast_devices():
+        torch.set_autocast_enabled(device, False)
 
 
 def run_inline(cfg: WorkerConfig, worker_id: int, shared: InlineShared) -> None:
