@@ -187,6 +187,42 @@ def test_the_gil_check_moves_workers_whose_tasks_are_big(monkeypatch):
     assert loader.stats().snapshot()["mode"] == loader.stats().mode
 
 
+class Gated(Dataset):
+    """Samples that wait for a gate: the first tasks outlast any window of the GIL check."""
+
+    gate = threading.Event()
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> int:
+        if not self.gate.wait(timeout=30):
+            raise TimeoutError("the workers did not begin to move while their first tasks ran")
+        return i
+
+
+def test_the_gil_check_looks_while_the_first_tasks_run(monkeypatch):
+    # The check ran only as results arrived: tasks of seconds put the move seconds into the epoch.
+    monkeypatch.setattr(sys, "_is_gil_enabled", lambda: True, raising=False)
+    monkeypatch.setattr(gil, "verdict", lambda *a, workers_here, **k: "GIL-bound" if workers_here else None)
+    monkeypatch.setattr(policy, "MIN_TASK_CPU_S", 0.0)
+    move = adaptive_pool.AdaptivePool.move
+
+    def move_and_open(self, target=Mode.PROCESSES):
+        began = move(self, target)
+        Gated.gate.set()
+        return began
+
+    monkeypatch.setattr(adaptive_pool.AdaptivePool, "move", move_and_open)
+    Gated.gate.set()
+    expected = _oracle(Gated(), batch_size=2, num_workers=2)
+    Gated.gate.clear()
+    loader, got = _ours(Gated(), batch_size=2, num_workers=2)
+    assert got == expected
+    assert loader.stats().mode.startswith("processes (adaptive: moved into 2 worker processes")
+    assert "inf ms" not in loader.stats().mode  # the tasks still running count in the CPU per task
+
+
 def test_workers_whose_tasks_are_too_small_stay_threads_and_warn(monkeypatch):
     monkeypatch.setattr(sys, "_is_gil_enabled", lambda: True, raising=False)
     monkeypatch.setattr(gil, "verdict", lambda *a, **k: "GIL-bound")

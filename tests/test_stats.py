@@ -431,8 +431,9 @@ class _NewEpochMidRead:
     inside ``snapshot()`` (with the GIL off, or between two bytecodes with it).
     """
 
-    collate_s = pin_s = 0.0
+    collate_s = pin_s = fetch_since = 0.0
     epoch = epoch_items = tasks = 0
+    fetch_until = stats.WorkerCounters.fetch_until
 
     def __init__(self) -> None:
         self.stats: stats.LoaderStats | None = None
@@ -492,3 +493,23 @@ def test_the_default_moves_threads_the_gil_holds_back_on_many_cores(monkeypatch)
 def test_threads_held_back_by_io_stay_threads(monkeypatch):
     loader = _held_back_run(monkeypatch, gil_wait_s=0.00001)
     assert loader.stats().mode.startswith("threads (adaptive: the workers move"), loader.stats().mode
+
+
+def test_fetch_time_counts_the_fetch_in_progress():
+    counters = stats.WorkerCounters()
+    counters.fetch_s = 1.0
+    assert counters.fetch_until(12.5) == 1.0  # no fetch running
+    counters.fetch_since = 10.0
+    assert counters.fetch_until(12.5) == 3.5
+    assert counters.fetch_until(9.0) == 1.0  # a stamp after the reader's clock: not counted
+
+
+def test_a_gil_sample_counts_the_wait_in_progress():
+    loader_stats = stats.LoaderStats()
+    loader_stats.bind([stats.WorkerCounters()], 1)
+    loader_stats.waited(0.5)
+    since = time.perf_counter() - 2.0
+    loader_stats.waiting(since)
+    assert loader_stats._gil_sample().wait >= 2.5
+    loader_stats.waited(2.0)
+    assert loader_stats._gil_sample().wait == 2.5  # the wait ended: counted once

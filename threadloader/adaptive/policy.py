@@ -11,7 +11,7 @@ from .._platform.torch_compat import DatasetKind
 from ..stats.gil import GilBound
 from ..worker.datapipes import is_datapipe
 
-__all__ = ["BACK_AFTER_LOOKS", "INLINE_AFTER_ENV", "INLINE_CHECK_EVERY", "INLINE_MARGIN", "MAX_INLINE_TASK_S", "MIN_TASK_CPU_S",
+__all__ = ["BACK_AFTER_LOOKS", "INLINE_AFTER_ENV", "INLINE_CHECK_EVERY", "INLINE_MARGIN", "LOOK_EVERY_S", "MAX_INLINE_TASK_S", "MIN_TASK_CPU_S",
            "MOVE_AFTER_ENV", "HandoffWatch", "InlineWatch", "forced_inline_after", "forced_move_after", "ineligible",
            "inline_ineligible", "worth_inlining", "worth_moving"]
 
@@ -37,6 +37,11 @@ INLINE_MARGIN = 2.0
 #: delays the training loop by all of its time, and only tasks cheaper than a
 #: few hand-offs are worth it.
 MAX_INLINE_TASK_S = 100e-6
+
+#: While the consumer waits with no result arriving, how often (seconds) the
+#: GIL check is asked to look (it runs once its window is due): tasks that take
+#: seconds must not put the move seconds into the epoch.
+LOOK_EVERY_S = 0.1
 
 #: Results between two looks at the tasks' cost against the consumer's waits.
 INLINE_CHECK_EVERY = 128

@@ -40,6 +40,7 @@ import heapq
 import queue
 import threading
 import time
+import weakref
 from typing import Any, Callable, Iterator
 
 from .._platform import thread_origin
@@ -116,6 +117,8 @@ class AdaptivePool:
             policy.HandoffWatch(self._threads.counters) if inline_blocked is None and self._move_after is None else None)
         self._watch_seen: policy.HandoffWatch | None = None  # the look that moved them into the consumer's thread
         self._delivered = 0
+        #: The GIL check, run while the consumer waits long on threads (None: not asked).
+        self._look: weakref.WeakMethod | None = None
         if self._move_after == 0:
             self._move_after = None
             self.move(self._target)
@@ -168,6 +171,10 @@ class AdaptivePool:
             self._threads.stop()
             if self._current is not self._threads:
                 self._current.stop()
+
+    def on_long_wait(self, look: Callable[[], None]) -> None:
+        """Call ``look`` (a bound method, held weakly) every :data:`.policy.LOOK_EVERY_S` the consumer waits on threads."""
+        self._look = weakref.WeakMethod(look)  # type: ignore[arg-type]
 
     # --- the move -----------------------------------------------------------------
     def on_gil_bound(self, verdict: GilBound) -> bool:
@@ -271,16 +278,17 @@ class AdaptivePool:
             # Not moving, no forced move to count (the consumer's path per batch):
             # only a late park answer, or a look at the hand-offs' cost, needs this pool.
             watch = self._watch
-            if watch is None:
-                message = self._current.results.get(block, timeout)
+            t0 = time.perf_counter() if watch is not None else 0.0
+            if block and self._look is not None and self._current is self._threads:
+                message = self._wait_on_threads(deadline)
             else:
-                t0 = time.perf_counter()
                 message = self._current.results.get(block, timeout)
-                if watch.add(time.perf_counter() - t0):
+            if message is not None:
+                if watch is not None and watch.add(time.perf_counter() - t0):
                     self._act_on(watch)
-            if message.kind is not Kind.PARKED:
-                return message
-            self._on_parked(message.worker_id, message.payload)
+                if message.kind is not Kind.PARKED:
+                    return message
+                self._on_parked(message.worker_id, message.payload)
         while True:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             if self._held is not None and block:
@@ -309,6 +317,27 @@ class AdaptivePool:
                     self._move_after = None
                     self.move(self._target)
             return message
+
+    def _wait_on_threads(self, deadline: float | None) -> Message | None:
+        """The worker threads' next message, the GIL check asked to look while none arrives; None: they began to move.
+
+        Raises:
+            queue.Empty: none came by ``deadline``.
+        """
+        results = self._threads.results
+        while True:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            step = policy.LOOK_EVERY_S if remaining is None else min(policy.LOOK_EVERY_S, remaining)
+            try:
+                return results.get(True, step)
+            except queue.Empty:
+                if remaining is not None and remaining <= step:
+                    raise
+            look = self._look() if self._look is not None else None
+            if look is not None:
+                look()
+            if self._held is not None:
+                return None
 
     def _finish_move(self) -> None:
         """Every worker has parked: start the processes with their handoffs, hand them the held jobs."""

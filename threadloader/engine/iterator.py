@@ -194,7 +194,10 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
         pool = self._pool
         #: The pool's generation (only this iterator starts new ones: see ``_reset``).
         self._generation = pool.generation
-        self._stats.bind(pool.counters, self._num_workers, pool.on_gil_bound if isinstance(pool, Adapts) else None)
+        adapts = isinstance(pool, Adapts)
+        self._stats.bind(pool.counters, self._num_workers, pool.on_gil_bound if adapts else None)
+        if adapts:
+            pool.on_long_wait(self._stats.look)
         self._reset(loader, first_iter=True)
         if plan is not None:
             self._num_yielded = plan.num_yielded
@@ -601,6 +604,7 @@ class ThreadedLoaderIter(RecordsProgressOnDrop, BaseDataLoaderIter):
         elif self._stash:
             return self._stash.pop(next(iter(self._stash)))  # arrival order
         t0 = time.perf_counter()
+        self._stats.waiting(t0)
         try:
             while True:
                 # ``timeout`` bounds each wait, as DataLoader's: a message kept

@@ -237,6 +237,14 @@ class Adapts(Protocol):
             so no warning is given.
         """
 
+    def on_long_wait(self, look: Callable[[], None]) -> None:
+        """Have the consumer call ``look`` each time it has waited a while for a message with nothing arriving.
+
+        The GIL check runs when results arrive; tasks that take seconds each
+        would put the first check seconds into the epoch. ``look`` runs it
+        between results.
+        """
+
 
 #: Makes the pool an iterator runs its workers in.
 PoolFactory = Callable[[WorkerConfig], Pool]

@@ -335,8 +335,11 @@ def _map_step(shared: _Shared, cfg: WorkerConfig, worker_id: int, setup: _SetupE
     if failed is not None:
         shared.post(gen, idx, worker_id, failed)
         return True
-    t0 = time.perf_counter()
-    payload = _fetch_map(cfg, index, worker_id)
+    t0 = counters.fetch_since = time.perf_counter()
+    try:
+        payload = _fetch_map(cfg, index, worker_id)
+    finally:
+        counters.fetch_since = 0.0  # a BaseException ends the worker, which is busy no more
     counters.fetch_s += time.perf_counter() - t0
     counters.fetched(gen, samples_in(index) if cfg.auto_collation else 1)
     if not isinstance(payload, ExceptionWrapper):
@@ -399,7 +402,7 @@ def _iterable_step(shared: _Shared, cfg: WorkerConfig, worker_id: int, replica: 
         return True
     if replica.ended:
         return True  # DataLoader's exhausted workers ignore further tasks
-    t0 = time.perf_counter()
+    t0 = counters.fetch_since = time.perf_counter()
     replica.collated, replica.finish_s = 0, 0.0
     try:
         payload = replica.fetcher.fetch(index)
@@ -409,6 +412,8 @@ def _iterable_step(shared: _Shared, cfg: WorkerConfig, worker_id: int, replica: 
         return True
     except Exception:
         payload = ExceptionWrapper(where=_where(worker_id, "IterableDataset"))
+    finally:
+        counters.fetch_since = 0.0
     # One update: a snapshot read in between never sees a negative fetch time.
     counters.fetch_s += time.perf_counter() - t0 - replica.finish_s
     counters.fetched(gen, replica.collated)

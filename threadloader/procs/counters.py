@@ -19,7 +19,7 @@ __all__ = ["COLUMNS", "CPU", "ArrayCounters"]
 #: Columns of the shared counters array (one row per worker). ``CPU``: the
 #: CPU time of the worker's process, written by that process's dispatcher on
 #: the row of its first worker (the others keep NaN).
-_FETCH, _COLLATE, _PIN, _EPOCH, _EPOCH_ITEMS, _TASKS, _BUSY, CPU = range(8)
+_FETCH, _COLLATE, _PIN, _EPOCH, _EPOCH_ITEMS, _TASKS, _BUSY, _FETCH_SINCE, CPU = range(9)
 COLUMNS = CPU + 1
 
 
@@ -66,8 +66,12 @@ class ArrayCounters:
     epoch_items = _get(_EPOCH_ITEMS, int)
     tasks = _get(_TASKS, int)
     busy = _get(_BUSY, bool)
+    #: ``time.perf_counter()`` at the start of the fetch in progress (0.0: none); the
+    #: monotonic clock is the machine's, so the parent reads a child's stamp as its own.
+    fetch_since = _get(_FETCH_SINCE)
     #: CPU seconds of the worker's whole process (all its threads), as last sampled by its dispatcher
     #: (on the process's first worker's row only: read it there).
     process_cpu_s = _get(CPU)
     del _get
     fetched = WorkerCounters.fetched
+    fetch_until = WorkerCounters.fetch_until

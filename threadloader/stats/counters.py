@@ -42,6 +42,20 @@ class WorkerCounters:
     epoch_items: int = 0
     tasks: int = 0
     busy: bool = False
+    #: ``time.perf_counter()`` when the fetch in progress began (0.0: none).
+    #: Set to 0.0 before ``fetch_s`` grows: a reader may miss a fetch that
+    #: just ended for a moment, never count it twice.
+    fetch_since: float = 0.0
+
+    def fetch_until(self, now: float) -> float:
+        """Fetch seconds up to ``now`` (``time.perf_counter()``): those counted, and the fetch in progress.
+
+        A task on a core-hungry thread may take longer than the window the GIL
+        check reads; counting only finished fetches would show busy threads as idle.
+        """
+        done = self.fetch_s  # read before fetch_since (see fetch_since)
+        since = self.fetch_since
+        return done + (now - since if 0.0 < since <= now else 0.0)
 
     def fetched(self, generation: int, items: int) -> None:
         """Count ``items`` samples fetched for a task of ``generation``.
@@ -77,6 +91,8 @@ class LoaderStats:
         #: The loader's report of where its workers run, and why (:class:`~threadloader.engine.protocol.ModeReport`).
         self.mode_report: Any = None
         self._on_gil_bound: weakref.WeakMethod | None = None
+        #: ``time.perf_counter()`` when the consumer's wait in progress began (0.0: not waiting).
+        self._waiting_since = 0.0
         self._interval = GIL_CHECK_INTERVAL_S
         self._grouped: list[Any] = []
         # The cores this process may use: with a narrower CPU affinity, idle
@@ -172,10 +188,13 @@ class LoaderStats:
 
     def _gil_sample(self) -> gil.Sample:
         counters = self._counters
-        fetch = sum(c.fetch_s for c in counters)
+        now = time.perf_counter()
+        fetch = sum(c.fetch_until(now) for c in counters)
         # Per child process: each of its workers' fetch time, and its CPU time (on its first worker's row).
-        children = [(tuple(c.fetch_s for c in group), group[0].process_cpu_s) for group in self._processes]
-        return gil.Sample(fetch, cpu.process_cpu_seconds(), self.wait_s, cpu.system_cpu_seconds(self._cpus), children,
+        children = [(tuple(c.fetch_until(now) for c in group), group[0].process_cpu_s) for group in self._processes]
+        since = self._waiting_since
+        wait = self.wait_s + (now - since if 0.0 < since <= now else 0.0)  # the wait in progress counts
+        return gil.Sample(fetch, cpu.process_cpu_seconds(), wait, cpu.system_cpu_seconds(self._cpus), children,
                           sum(c.tasks for c in counters))
 
     def _check_gil(self, now: float) -> None:
@@ -199,7 +218,8 @@ class LoaderStats:
                               group_sizes=[len(group) for group in self._processes])
         act = self._on_gil_bound() if self._on_gil_bound is not None else None
         cores = (sample.cpu - before.cpu) / window
-        tasks = sample.tasks - before.tasks
+        # Tasks still running count: each has cost CPU in the window (the first ones may take longer than it).
+        tasks = sample.tasks - before.tasks + sum(1 for c in self._counters if c.fetch_since)
         if message is None:
             if act is not None and self._workers_here:
                 # The pool may move its workers: the wider test (it never warns).
@@ -212,8 +232,25 @@ class LoaderStats:
         self.gil_warned = True
         warnings.warn(message, RuntimeWarning, stacklevel=gil.caller_stacklevel())
 
+    def waiting(self, since: float) -> None:
+        """The consumer waits for data from ``since`` (``time.perf_counter()``) until :meth:`waited`."""
+        self._waiting_since = since
+
     def waited(self, seconds: float) -> None:
         self.wait_s += seconds
+        self._waiting_since = 0.0
+
+    def look(self) -> None:
+        """The consumer has waited a while with no result: run the GIL check if a window is due.
+
+        For a pool that may move its workers (``bind``'s ``on_gil_bound``):
+        it must decide early even when the first results take seconds.
+        """
+        if self._on_gil_bound is None:
+            return
+        now = time.perf_counter()
+        if now - self._gil_mark[0] >= self._interval:
+            self._check_gil(now)
 
     def _worker_totals(self) -> tuple[float, float, float]:
         fetch = sum(c.fetch_s for c in self._counters)

@@ -66,7 +66,7 @@ class GilBound(NamedTuple):
     message: str  # the warning, as given when nothing is done about it
     window: float  # seconds
     cores: float  # CPU cores this process used in the window
-    tasks: int  # tasks the workers finished in the window
+    tasks: int  # tasks the workers finished in the window, and those running at its end
 
     @property
     def task_cpu_s(self) -> float:
