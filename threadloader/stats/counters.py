@@ -23,6 +23,11 @@ from . import cpu, gil
 from .gil import GIL_CHECK_INTERVAL_S
 
 
+def _running_for(since: float, now: float) -> float:
+    """Seconds from ``since`` to ``now`` (``time.perf_counter()`` stamps); 0.0 when ``since`` is unset (0.0) or later."""
+    return now - since if 0.0 < since <= now else 0.0
+
+
 @dataclass
 class WorkerCounters:
     """Time and work of one worker thread (written by that thread only)."""
@@ -54,8 +59,7 @@ class WorkerCounters:
         check reads; counting only finished fetches would show busy threads as idle.
         """
         done = self.fetch_s  # read before fetch_since (see fetch_since)
-        since = self.fetch_since
-        return done + (now - since if 0.0 < since <= now else 0.0)
+        return done + _running_for(self.fetch_since, now)
 
     def fetched(self, generation: int, items: int) -> None:
         """Count ``items`` samples fetched for a task of ``generation``.
@@ -182,9 +186,12 @@ class LoaderStats:
         # The clock is read every 16 batches (this runs per batch); every
         # batch where a pool may move its workers: it must decide early.
         if self.batches & 15 == 0 or self._on_gil_bound is not None:
-            now = time.perf_counter()
-            if now - self._gil_mark[0] >= self._interval:
-                self._check_gil(now)
+            self._check_gil_if_due()
+
+    def _check_gil_if_due(self) -> None:
+        now = time.perf_counter()
+        if now - self._gil_mark[0] >= self._interval:
+            self._check_gil(now)
 
     def _gil_sample(self) -> gil.Sample:
         counters = self._counters
@@ -192,8 +199,7 @@ class LoaderStats:
         fetch = sum(c.fetch_until(now) for c in counters)
         # Per child process: each of its workers' fetch time, and its CPU time (on its first worker's row).
         children = [(tuple(c.fetch_until(now) for c in group), group[0].process_cpu_s) for group in self._processes]
-        since = self._waiting_since
-        wait = self.wait_s + (now - since if 0.0 < since <= now else 0.0)  # the wait in progress counts
+        wait = self.wait_s + _running_for(self._waiting_since, now)  # the wait in progress counts
         return gil.Sample(fetch, cpu.process_cpu_seconds(), wait, cpu.system_cpu_seconds(self._cpus), children,
                           sum(c.tasks for c in counters))
 
@@ -246,11 +252,8 @@ class LoaderStats:
         For a pool that may move its workers (``bind``'s ``on_gil_bound``):
         it must decide early even when the first results take seconds.
         """
-        if self._on_gil_bound is None:
-            return
-        now = time.perf_counter()
-        if now - self._gil_mark[0] >= self._interval:
-            self._check_gil(now)
+        if self._on_gil_bound is not None:
+            self._check_gil_if_due()
 
     def _worker_totals(self) -> tuple[float, float, float]:
         fetch = sum(c.fetch_s for c in self._counters)
